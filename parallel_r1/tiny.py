@@ -1,0 +1,119 @@
+"""A tiny Qwen3-style model and a tokenizer trained locally: what tests and `make demo` run on.
+
+Everything is built offline in a few seconds from the data shipped in the package:
+a byte-level BPE tokenizer (Qwen's chat markup, `<|im_end|>` as EOS, `<|endoftext|>` as pad,
+the six tags added through `tokens.add_parallel_tokens`) and a randomly initialised
+`Qwen3ForCausalLM` with head_dim 32 (vLLM's CPU attention refuses smaller heads) and a few spare
+embedding rows, like the real Qwen3 bases.
+
+    python -m parallel_r1.tiny outputs/tiny-qwen3   # writes a model directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from .data import DATA_DIR
+from .tokens import add_parallel_tokens
+
+logger = logging.getLogger(__name__)
+
+EOS, PAD, IM_START = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
+
+# Qwen-style markup; {% generation %} marks what the assistant wrote (TRL's assistant-only loss).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\\n' }}"
+    "{%- else %}"
+    "{{- message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _corpus():
+    """Lines of the shipped GSM8K questions and cold-start traces."""
+    for name, keys in (("gsm8k_train.jsonl", ("question", "answer")), ("parallel_gsm8k_sample.jsonl", ("response",))):
+        with open(DATA_DIR / name, encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                for key in keys:
+                    yield row[key]
+
+
+def build_tokenizer(vocab_size: int = 1024, with_tags: bool = True) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on the shipped data (about a second)."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, IM_START, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token=EOS, pad_token=PAD, padding_side="left", model_max_length=4096
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    if with_tags:
+        add_parallel_tokens(tokenizer)
+    return tokenizer
+
+
+def build_model(tokenizer, spare_rows: int = 16, tie_word_embeddings: bool = True, seed: int = 0) -> Qwen3ForCausalLM:
+    """A randomly initialised 2-layer Qwen3 whose embedding has `spare_rows` unused rows."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer) + spare_rows,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=4096,
+        tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_tiny(output_dir: str | Path, **model_kwargs) -> Path:
+    """Build the tokenizer and model and save both to `output_dir` (a model directory vLLM can load)."""
+    output_dir = Path(output_dir)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, **model_kwargs)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    logger.info("Tiny model (%d parameters) written to %s", model.num_parameters(), output_dir)
+    return output_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("output_dir")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    save_tiny(args.output_dir)
+
+
+if __name__ == "__main__":
+    main()

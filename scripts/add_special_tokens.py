@@ -1,0 +1,52 @@
+"""Make a "-Special" base: any causal LM with the six parallel-thinking tags as single tokens.
+
+    python scripts/add_special_tokens.py --model_name_or_path Qwen/Qwen3-4B-Base \
+        --output_dir outputs/Qwen3-4B-Base-Special [--push_to_hub --hub_model_id you/Qwen3-4B-Base-Special]
+
+Run it once, before training, on one process: the embedding rows are edited in place, which must
+happen before ZeRO-3/FSDP shards the model. Training scripts then load the "-Special" directory.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+
+from parallel_r1.tokens import add_parallel_tokens, tag_ids
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Arguments:
+    model_name_or_path: str = field(metadata={"help": "Hub id or local directory of the base model."})
+    output_dir: str = field(metadata={"help": "Where to write the model with the tags."})
+    dtype: str = field(default="auto", metadata={"help": "Weights dtype to load and save (auto keeps the checkpoint's)."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Also upload the result to the Hub."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for --push_to_hub."})
+    private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+
+
+def main(args: Arguments) -> None:
+    if args.push_to_hub and not args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. you/Qwen3-4B-Base-Special)")
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=args.dtype)
+    rows_before = model.get_input_embeddings().weight.shape[0]
+    added = add_parallel_tokens(tokenizer, model)
+    rows_after = model.get_input_embeddings().weight.shape[0]
+    logger.info(
+        "Added %s; tag ids %s; embedding rows %d -> %d", added or "nothing", tag_ids(tokenizer), rows_before, rows_after
+    )
+    model.save_pretrained(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
+    if args.push_to_hub:
+        model.push_to_hub(args.hub_model_id, private=args.private)
+        tokenizer.push_to_hub(args.hub_model_id, private=args.private)
+        logger.info("Pushed to https://huggingface.co/%s", args.hub_model_id)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    (arguments,) = HfArgumentParser(Arguments).parse_args_into_dataclasses()
+    main(arguments)
