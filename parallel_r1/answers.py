@@ -1,0 +1,271 @@
+"""Final answers: find them in a completion, read them from a dataset, and check one against the other.
+
+Extraction (`extract_answer`), on the completion with its tags removed:
+- Only the last `MAX_SCAN_CHARS` characters are read.
+- Two markers count: the last `Final Answer:` (any case, markdown bold allowed; the rest of its line, or the
+  next non-blank line when the rest is blank) and the last complete `\\boxed{...}` (braces balanced; a box
+  left open by a cut output is ignored).
+- The marker that starts later in the text wins. So a `\\boxed{}` inside or below the `Final Answer:` line
+  gives its content, and a `Final Answer:` written after a box overrides the box.
+- All boxes on the winning box's line form one answer, joined by ", " (`\\boxed{2}` and `\\boxed{-3}` ->
+  `2, -3`), the way a model boxes each of several solutions.
+- An answer longer than `MAX_ANSWER_CHARS` is no answer.
+
+Checking (`answers_match`, `is_correct`): equal after `normalize` is correct; otherwise math-verify decides.
+The answer is read as LaTeX; when that reading has letters the reference lacks (`18 dollars` reads as a
+product of symbols), it is read again as plain text. math-verify runs in a child process (spawned once),
+so every check is bounded in time from any thread: math-verify's own timeouts use `signal.alarm`, which
+works only on a main thread, and TRL may call rewards from other threads. Inside the child they bound
+slow symbolic work cheaply; a check that still overruns `timeout` gets the child killed and restarted,
+which also covers work that signals cannot interrupt. Nothing here raises: bad input gives None/False.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from .format import strip_tags
+
+logger = logging.getLogger(__name__)
+
+MAX_SCAN_CHARS = 50_000  # the tail of a completion that is searched for an answer (4k tokens is ~16k chars)
+MAX_ANSWER_CHARS = 500  # a longer "answer" is not an answer
+TIMEOUT_S = 5.0  # hard bound on one math-verify check
+SOFT_TIMEOUT_S = 1  # math-verify's own bound on each parse/verify step inside the child (whole seconds)
+STARTUP_TIMEOUT_S = 120.0  # the child imports sympy once
+
+_FINAL = re.compile(r"(?:\*\*)?final answer(?:\*\*)?\s*:(?:\*\*)?", re.IGNORECASE)
+_BOX = re.compile(r"\\boxed\s*\{")
+_BRACE = re.compile(r"[{}]")
+_GSM8K_MARK = "####"
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def _brace_pairs(text: str) -> dict[int, int]:
+    """{index of a `{`: index of the `}` that closes it}, for the braces that close (one pass)."""
+    pairs, open_at = {}, []
+    for match in _BRACE.finditer(text):
+        if match.group() == "{":
+            open_at.append(match.start())
+        elif open_at:
+            pairs[open_at.pop()] = match.start()
+    return pairs
+
+
+def _last_boxes(text: str) -> tuple[int, str] | None:
+    """(start, answer) of the last complete box, with the other boxes of its line joined in."""
+    pairs = _brace_pairs(text)
+    boxes = [(m.start(), text[m.end() : pairs[m.end() - 1]]) for m in _BOX.finditer(text) if m.end() - 1 in pairs]
+    if not boxes:
+        return None
+    start = boxes[-1][0]
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", start)
+    line_end = len(text) if line_end < 0 else line_end
+    same_line = [content.strip() for s, content in boxes if line_start <= s < line_end]
+    return start, ", ".join(same_line)
+
+
+def _last_final_answer(text: str) -> tuple[int, str] | None:
+    """(start, answer) of the last `Final Answer:` marker."""
+    matches = list(_FINAL.finditer(text))
+    if not matches:
+        return None
+    match = matches[-1]
+    lines = text[match.end() :].split("\n")
+    content = next((line for line in lines if line.strip()), "")
+    return match.start(), content
+
+
+def _clean(answer: str) -> str:
+    """Strip the wrapping a model puts around an answer: spaces, bold, a closing full stop."""
+    answer = answer.strip().strip("*").strip()
+    return answer[:-1].rstrip() if answer.endswith(".") else answer
+
+
+def extract_answer(completion: str) -> str | None:
+    """The final answer of a completion (rules in the module docstring), or None if it gives none."""
+    if not isinstance(completion, str):
+        return None
+    text = strip_tags(completion[-2 * MAX_SCAN_CHARS :])[-MAX_SCAN_CHARS:]
+    found = [m for m in (_last_boxes(text), _last_final_answer(text)) if m is not None]
+    if not found:
+        return None
+    answer = _clean(max(found, key=lambda m: m[0])[1])
+    if not answer or len(answer) > MAX_ANSWER_CHARS:
+        return None
+    return answer
+
+
+def extract_reference(answer) -> str:
+    """The gold answer of a dataset cell: after the last `####` (GSM8K, thousands commas dropped), the content
+    of a cell that is one `\\boxed{}`, or the cell itself. Numbers become strings. Idempotent."""
+    text = "" if answer is None else str(answer).strip()
+    if _GSM8K_MARK in text:
+        return text.rsplit(_GSM8K_MARK, 1)[1].strip().replace(",", "")
+    box = _BOX.match(text)
+    if box and _brace_pairs(text).get(box.end() - 1) == len(text) - 1:
+        return text[box.end() : -1].strip()
+    return text
+
+
+# --------------------------------------------------------------------------- string fallback
+
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_SPACING = re.compile(r"\\[!,;: ]|\\(?:left|right)(?![a-zA-Z])|\\displaystyle")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def normalize(answer: str) -> str:
+    """A canonical spelling for string comparison: no spacing commands, `\\text{}` wrappers, dollar signs,
+    degree marks, percent signs, thousands commas, spaces or closing full stop; `\\dfrac` is `\\frac`;
+    lower case."""
+    text = _TEXT_WRAP.sub(r"\1", answer)
+    text = _SPACING.sub("", text)
+    text = _DEGREES.sub("", text)
+    text = re.sub(r"\\[dt]frac", r"\\frac", text)
+    text = re.sub(r"\\?[$%]", "", text)
+    text = re.sub(r"\s+", "", text)
+    text = _THOUSANDS.sub("", text)
+    return text.rstrip(".").lower()
+
+
+# --------------------------------------------------------------------------- math-verify, in the child
+
+
+@lru_cache(maxsize=4096)
+def _gold(reference: str):
+    from math_verify import LatexExtractionConfig, parse
+
+    return parse(f"\\boxed{{{reference}}}", [LatexExtractionConfig()], parsing_timeout=SOFT_TIMEOUT_S)
+
+
+def _symbols(parsed) -> set:
+    return set().union(*(getattr(p, "free_symbols", set()) for p in parsed))
+
+
+def _math_verify(answer: str, reference: str) -> bool:
+    """math-verify's verdict (runs in the child, on its main thread)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    gold = _gold(reference)
+    latex = parse(f"\\boxed{{{answer}}}", [LatexExtractionConfig()], parsing_timeout=SOFT_TIMEOUT_S)
+    if verify(gold, latex, timeout_seconds=SOFT_TIMEOUT_S):
+        return True
+    if not (_symbols(latex) - _symbols(gold)):
+        return False
+    plain = parse(answer, [ExprExtractionConfig()], parsing_timeout=SOFT_TIMEOUT_S)
+    return bool(plain) and verify(gold, plain, timeout_seconds=SOFT_TIMEOUT_S)
+
+
+def _serve() -> None:
+    """The child's loop: read `[answer, reference]` JSON lines on stdin, write the verdicts on stdout."""
+    replies, sys.stdout = sys.stdout, sys.stderr  # whatever else prints must not corrupt the replies
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # its timeout warnings would flood the log
+    import math_verify  # noqa: F401  (imported before "ready", so that the first check is not slowed by it)
+
+    print("ready", file=replies, flush=True)
+    for line in sys.stdin:
+        try:
+            verdict = _math_verify(*json.loads(line))
+        except Exception:  # math-verify is not meant to raise; if it does, the answer is not verified
+            verdict = False
+        print(json.dumps(verdict), file=replies, flush=True)
+
+
+class _Verifier:
+    """One child process running math-verify (`_serve`), shared by the threads of this process.
+
+    A plain subprocess rather than `multiprocessing`: it does not re-import the caller's `__main__`, so
+    training scripts need no guard and the child starts in about a second.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc = None
+        self._pid = None  # the process that started the child
+        self._failed = False  # the child could not start: do not try again on every call
+
+    def check(self, answer: str, reference: str, timeout: float) -> bool | None:
+        """math-verify's verdict, or None when there is none within `timeout` seconds."""
+        with self._lock:
+            if self._failed:
+                return None
+            if self._pid != os.getpid():  # a forked copy of the parent: the child is not ours to use
+                self._proc = None
+            try:
+                if self._proc is None:
+                    self._start()
+                self._proc.stdin.write(json.dumps([answer, reference]) + "\n")
+                self._proc.stdin.flush()
+                reply = self._read_line(timeout)
+                if reply is not None:
+                    return bool(json.loads(reply))
+                logger.warning("math-verify took over %.1fs on %r; restarting its process", timeout, answer[:80])
+            except Exception as error:  # a dead or unstartable child: no verdict this time
+                logger.warning("math-verify process failed (%r); restarting it", error)
+            self._stop()
+            return None
+
+    def _read_line(self, timeout: float) -> str | None:
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        return self._proc.stdout.readline() if ready else None
+
+    def _start(self) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        command = [sys.executable, "-c", "from parallel_r1.answers import _serve; _serve()"]
+        self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self._pid = os.getpid()
+        if self._read_line(STARTUP_TIMEOUT_S) != "ready\n":
+            self._failed = True
+            logger.error("math-verify process did not start; answers are compared as normalised strings only")
+            raise RuntimeError("math-verify process did not start")
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._proc.stdout.close()
+        self._proc = None
+
+
+_verifier = _Verifier()
+
+
+# --------------------------------------------------------------------------- public checks
+
+
+def answers_match(answer: str, reference: str, timeout: float = TIMEOUT_S) -> bool:
+    """Whether an extracted answer equals a reference (already extracted). Never raises; bounded time."""
+    try:
+        if not answer or not reference:
+            return False
+        spelled = normalize(answer)
+        if spelled and spelled == normalize(reference):
+            return True
+        return bool(_verifier.check(answer, reference, timeout))
+    except Exception:  # the rule for rewards: a value, never an exception
+        logger.exception("answer check failed on %r vs %r", str(answer)[:80], str(reference)[:80])
+        return False
+
+
+def is_correct(completion: str, reference, timeout: float = TIMEOUT_S) -> bool:
+    """Whether the completion's final answer equals the reference (a dataset cell). Never raises."""
+    answer = extract_answer(completion)
+    if answer is None:
+        return False
+    return answers_match(answer, extract_reference(reference), timeout)

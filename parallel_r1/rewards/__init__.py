@@ -1,0 +1,62 @@
+"""Rewards for Parallel-R1: every variant of the paper, as TRL reward functions chosen by name.
+
+- `variants`: the rewards (REFERENCE §3) and `Reward`, the wrapper that gives a rule TRL's signature.
+- `schedules`: `alternating` and `switch`, which pick a reward by the step in `trainer_state`.
+- `registry`: `get_reward_funcs(specs)`, from the names and schedule calls recipes write.
+- `completion`, `diversity`: what the rules read (answer correct, blocks, well-formed, self-BLEU, efficiency).
+
+Rewards read the completion with its tags (TRL decodes with `skip_special_tokens=True`, and the tags are
+added as non-special tokens, so they survive) and take the reference from the dataset's `answer` column.
+
+Advantage split (off by default). An auxiliary reward can be given its own group normalisation by listing
+it as a separate reward function and setting TRL's `GRPOConfig.multi_objective_aggregation` to
+`"normalize_then_sum"`: TRL then centres and scales each reward within its group before the weighted sum,
+so the auxiliary term moves the advantage by the same amount whether the answers in the group are all
+correct or mixed. With the default `"sum_then_normalize"` the rewards are summed first, and
+`[accuracy, parallel_bonus]` with weights `[1, 1]` is exactly `accuracy_plus_parallel`; there the bonus is
+divided by the group's total spread, which correct/wrong answers dominate. `tests/test_reward_split.py`
+checks both through TRL's own code.
+"""
+
+from .registry import REWARDS, SCHEDULES, get_reward_funcs
+from .schedules import Schedule, alternating, paper_step, switch
+from .variants import (
+    Reward,
+    accuracy,
+    accuracy_diversity,
+    accuracy_parallel_diversity,
+    accuracy_plus_parallel,
+    accuracy_plus_sqrt_blocks,
+    accuracy_times_parallel,
+    efficiency_bonus,
+    parallel,
+    parallel_bonus,
+    tiered,
+    tiered_diversity,
+    tiered_emphasis,
+    well_formed,
+)
+
+__all__ = [
+    "REWARDS",
+    "SCHEDULES",
+    "Reward",
+    "Schedule",
+    "accuracy",
+    "accuracy_diversity",
+    "accuracy_parallel_diversity",
+    "accuracy_plus_parallel",
+    "accuracy_plus_sqrt_blocks",
+    "accuracy_times_parallel",
+    "alternating",
+    "efficiency_bonus",
+    "get_reward_funcs",
+    "paper_step",
+    "parallel",
+    "parallel_bonus",
+    "switch",
+    "tiered",
+    "tiered_diversity",
+    "tiered_emphasis",
+    "well_formed",
+]

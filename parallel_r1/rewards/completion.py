@@ -1,0 +1,75 @@
+"""One completion as the rewards see it: its text (tags included), its reference, and facts computed on demand.
+
+- `correct`: the final answer matches the reference (`answers.is_correct`, bounded in time).
+- `blocks` (P): the blocks the text opens, well-formed or not; `well_formed` (F): `format.parse` finds no error;
+  `parallel`: P >= 1 and F (the paper's parallel-ratio event).
+- `self_bleu`: how alike the paths are (`diversity.self_bleu`).
+- `efficiency`: g = max((T - V) / T, 0) of a parallel completion, T its total length and V its critical path
+  (`format.stats`), 0 for any other. Units: tokens (each tag one token) when the completion's ids and the
+  tokenizer's `TagVocab` are known, characters of the text otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from ..answers import is_correct
+from ..format import Parsed, TagVocab, parse, stats
+from .diversity import self_bleu
+
+
+def completion_text(completion) -> str:
+    """The text of a TRL completion: a string, or chat messages (the assistant contents, joined)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if not isinstance(completion, (list, tuple)):
+        return ""
+    return "".join(
+        message["content"]
+        for message in completion
+        if isinstance(message, dict)
+        and message.get("role", "assistant") == "assistant"
+        and isinstance(message.get("content"), str)
+    )
+
+
+@dataclass
+class Completion:
+    text: str
+    reference: object = None
+    ids: list | tuple | None = None
+    vocab: TagVocab | None = None
+
+    @cached_property
+    def correct(self) -> bool:
+        return is_correct(self.text, self.reference)
+
+    @cached_property
+    def parsed(self) -> Parsed:
+        return parse(self.text)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.parsed.blocks)
+
+    @property
+    def well_formed(self) -> bool:
+        return self.parsed.well_formed
+
+    @property
+    def parallel(self) -> bool:
+        return self.blocks >= 1 and self.well_formed
+
+    @cached_property
+    def self_bleu(self) -> float:
+        return self_bleu(self.parsed)
+
+    @cached_property
+    def efficiency(self) -> float:
+        if not self.parallel:
+            return 0.0
+        shape = stats(parse(self.ids, self.vocab) if self.ids is not None and self.vocab is not None else self.parsed)
+        return max((shape.total - shape.critical) / shape.total, 0.0) if shape.total else 0.0

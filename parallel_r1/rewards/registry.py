@@ -1,0 +1,69 @@
+"""Reward functions by name, as recipes write them.
+
+A recipe lists reward specs, each a registered name or a schedule call whose arguments are specs and whose
+keywords are integer literals, e.g.
+
+    reward_funcs: [accuracy, parallel_bonus]
+    reward_funcs: ["alternating(accuracy, tiered, window=10, a_steps=8)"]
+    reward_funcs: ["switch(alternating(accuracy, tiered), accuracy, at_step=200)"]
+
+Specs are read with `ast` (never evaluated); anything else is a ValueError that names the problem.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ..format import TagVocab
+from .schedules import alternating, switch
+from .variants import ALL, Reward
+
+REWARDS: dict[str, Reward] = {r.name: r for r in ALL}
+SCHEDULES = {"alternating": alternating, "switch": switch}
+
+
+def get_reward_funcs(specs: list, tokenizer=None, steps_per_batch: int = 1) -> list:
+    """The reward functions for `specs` (names or schedule calls; callables pass through unchanged).
+
+    `tokenizer` (with the six tags) lets `efficiency_bonus` count tokens instead of characters;
+    `steps_per_batch` is the number of optimizer steps per generated batch (see `schedules`).
+    """
+    vocab = TagVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
+    return [spec if callable(spec) else _build_spec(spec, vocab, steps_per_batch) for spec in specs]
+
+
+def _build_spec(spec, vocab, steps_per_batch):
+    if not isinstance(spec, str):
+        raise ValueError(f"a reward spec must be a name or a schedule call, got {spec!r}")
+    try:
+        tree = ast.parse(spec.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise ValueError(f"reward spec {spec!r} does not parse: {error.msg}") from None
+    return _build(tree, spec, vocab, steps_per_batch)
+
+
+def _build(node, spec, vocab, steps_per_batch):
+    if isinstance(node, ast.Name):
+        if node.id not in REWARDS:
+            raise ValueError(f"unknown reward {node.id!r} in {spec!r}; known rewards: {', '.join(REWARDS)}")
+        return REWARDS[node.id].with_vocab(vocab)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SCHEDULES:
+        rewards = [_build(arg, spec, vocab, steps_per_batch) for arg in node.args]
+        options = {}
+        for keyword in node.keywords:
+            try:
+                options[keyword.arg] = ast.literal_eval(keyword.value)
+            except ValueError:
+                raise ValueError(f"schedule options must be written name=integer, in {spec!r}") from None
+            if keyword.arg is None:
+                raise ValueError(f"schedule options must be written name=integer, in {spec!r}")
+        if len(rewards) != 2:
+            raise ValueError(f"{node.func.id} takes two rewards, got {len(rewards)} in {spec!r}")
+        try:
+            return SCHEDULES[node.func.id](*rewards, **options, steps_per_batch=steps_per_batch)
+        except TypeError as error:
+            raise ValueError(f"bad options for {node.func.id} in {spec!r}: {error}") from None
+    raise ValueError(
+        f"reward spec {spec!r}: expected a reward name or a call of {', '.join(SCHEDULES)}; "
+        f"known rewards: {', '.join(REWARDS)}"
+    )

@@ -1,0 +1,187 @@
+"""Every Parallel-R1 reward (REFERENCE §3), as TRL reward functions.
+
+c: the answer is correct; P: blocks opened; F: well-formed; b: self-BLEU of the paths (0..1, see `diversity`);
+g: efficiency (see `completion`). Each reward is a rule on one `Completion`, wrapped by `Reward` into TRL's
+batch signature, and states its range. Math rewards use the ±1 scale, the GSM8K stage 0/1, as the official code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..format import TagVocab
+from .completion import Completion, completion_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A TRL reward function: `rule` applied to each completion, one float (within `low`..`high`) per row.
+
+    TRL calls it as `f(prompts=, completions=, completion_ids=, <dataset columns>, trainer_state=, ...)`; the
+    reference answer comes from the `answer` column. A bad completion gets a value, never an exception; if the
+    rule itself fails (a bug), the row gets None, which TRL treats as "not scored", and the error is logged.
+    """
+
+    name: str
+    rule: Callable[[Completion], float]
+    low: float
+    high: float  # math.inf when unbounded
+    needs_answer: bool = True
+    vocab: TagVocab | None = None  # to measure efficiency in tokens
+
+    @property
+    def __name__(self) -> str:  # TRL names the reward's metrics after it
+        return self.name
+
+    def with_vocab(self, vocab: TagVocab | None) -> Reward:
+        return replace(self, vocab=vocab)
+
+    def __reduce__(self):  # pickled by name (TRL's async GRPO sends rewards to a child process)
+        return _module_reward, (self.rule.__module__, self.name, self.vocab)
+
+    def __call__(self, prompts=None, completions=(), completion_ids=None, answer=None, **kwargs) -> list:
+        n = len(completions)
+        if self.needs_answer and answer is None:
+            raise ValueError(f"reward '{self.name}' needs the dataset column 'answer'; it got {sorted(kwargs)}")
+        answers = [None] * n if answer is None else list(answer)
+        ids = [None] * n if completion_ids is None else list(completion_ids)
+        if len(answers) != n or len(ids) != n:
+            raise ValueError(
+                f"reward '{self.name}': {n} completions but {len(answers)} answers and {len(ids)} id lists"
+            )
+        return [
+            self.score(Completion(completion_text(c), a, i, self.vocab)) for c, a, i in zip(completions, answers, ids)
+        ]
+
+    def score(self, completion: Completion) -> float | None:
+        try:
+            return float(self.rule(completion))
+        except Exception:
+            logger.exception("reward %s failed on %r", self.name, completion.text[:200])
+            return None
+
+
+def _module_reward(module: str, name: str, vocab: TagVocab | None) -> Reward:
+    return getattr(importlib.import_module(module), name).with_vocab(vocab)
+
+
+def reward(low: float, high: float, needs_answer: bool = True):
+    """Make a `Reward` named after the rule function."""
+    return lambda rule: Reward(rule.__name__, rule, low, high, needs_answer)
+
+
+def _sign(c: Completion) -> float:
+    return 1.0 if c.correct else -1.0
+
+
+def _tiered(c: Completion, top: float) -> float:
+    if c.correct and c.parallel:
+        return top
+    return 1.0 if c.correct and c.blocks == 0 else -1.0
+
+
+# --------------------------------------------------------------------------- main rewards
+
+
+@reward(-1.0, 1.0)
+def accuracy(c: Completion) -> float:
+    """+1 if c, else -1 (S1; the "alternating" schedule's common reward)."""
+    return _sign(c)
+
+
+@reward(-1.0, 1.2)
+def tiered(c: Completion) -> float:
+    """1.2 if c and P >= 1 and F; 1.0 if c and P = 0; else -1 (a correct answer with a malformed block: -1)."""
+    return _tiered(c, 1.2)
+
+
+@reward(-1.0, 2.0)
+def tiered_emphasis(c: Completion) -> float:
+    """`tiered` with 2.0 for a correct parallel answer."""
+    return _tiered(c, 2.0)
+
+
+@reward(-1.0, 1.2)
+def tiered_diversity(c: Completion) -> float:
+    """`tiered` with 1.2 - 0.2 b for a correct parallel answer."""
+    return _tiered(c, 1.2 - 0.2 * c.self_bleu)
+
+
+@reward(0.0, 1.0)
+def accuracy_times_parallel(c: Completion) -> float:
+    """1 if c and P >= 1 and F, else 0 (the GSM8K stage of the Seen recipe)."""
+    return 1.0 if c.correct and c.parallel else 0.0
+
+
+@reward(-1.0, 1.5)
+def accuracy_plus_parallel(c: Completion) -> float:
+    """±1 + 0.5 [P >= 1 and F]."""
+    return _sign(c) + (0.5 if c.parallel else 0.0)
+
+
+@reward(-1.0, math.inf)
+def accuracy_plus_sqrt_blocks(c: Completion) -> float:
+    """±1 + sqrt(P), P counting every block opened, well-formed or not (as the official code)."""
+    return _sign(c) + math.sqrt(c.blocks)
+
+
+@reward(-1.3, 1.0)
+def accuracy_diversity(c: Completion) -> float:
+    """±1 - 0.3 b (b = 1 without a block, so a sequential answer gets ±1 - 0.3)."""
+    return _sign(c) - 0.3 * c.self_bleu
+
+
+@reward(-1.3, 2.0)
+def accuracy_parallel_diversity(c: Completion) -> float:
+    """±1 + [P >= 1] - 0.3 b (the block need not be well-formed, as the official code)."""
+    return _sign(c) + (1.0 if c.blocks >= 1 else 0.0) - 0.3 * c.self_bleu
+
+
+# --------------------------------------------------------------------------- auxiliary and logging rewards
+
+
+@reward(0.0, 0.5, needs_answer=False)
+def parallel_bonus(c: Completion) -> float:
+    """0.5 [P >= 1 and F]: with `accuracy`, summed, it is `accuracy_plus_parallel`; see the advantage split."""
+    return 0.5 if c.parallel else 0.0
+
+
+@reward(0.0, 1.0, needs_answer=False)
+def efficiency_bonus(c: Completion) -> float:
+    """g = max((T - V) / T, 0) for a parallel completion (P >= 1 and F), else 0; always below 1."""
+    return c.efficiency
+
+
+@reward(0.0, 1.0, needs_answer=False)
+def well_formed(c: Completion) -> float:
+    """1 if F (a completion without blocks is well-formed), else 0. For logging (weight 0)."""
+    return 1.0 if c.well_formed else 0.0
+
+
+@reward(0.0, 1.0, needs_answer=False)
+def parallel(c: Completion) -> float:
+    """1 if P >= 1 and F, else 0: its mean is the parallel ratio. For logging (weight 0)."""
+    return 1.0 if c.parallel else 0.0
+
+
+ALL = (
+    accuracy,
+    tiered,
+    tiered_emphasis,
+    tiered_diversity,
+    accuracy_times_parallel,
+    accuracy_plus_parallel,
+    accuracy_plus_sqrt_blocks,
+    accuracy_diversity,
+    accuracy_parallel_diversity,
+    parallel_bonus,
+    efficiency_bonus,
+    well_formed,
+    parallel,
+)
