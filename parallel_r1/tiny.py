@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from .data import DATA_DIR
-from .tokens import add_parallel_tokens
+from .tokens import add_parallel_tokens, tag_ids
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +96,35 @@ def build_model(tokenizer, spare_rows: int = 16, tie_word_embeddings: bool = Tru
     return model
 
 
-def save_tiny(output_dir: str | Path, **model_kwargs) -> Path:
+def make_tag_prone(model, tokenizer, strength: float = 5.0, seed: int = 1) -> None:
+    """Make a random model write structure: give <Parallel>, </Path>, </Summary> and EOS strong output rows.
+
+    Each of these rows becomes `strength` times a random unit direction of the hidden space, so the
+    token wins wherever the hidden state leans its way: blocks open, paths and summaries close and
+    completions end, at rates that depend on the context, even under greedy decoding. The head must
+    be untied. Used by the rollout tests and benchmarks, whose random model would otherwise never
+    open or close a block.
+    """
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() == model.get_input_embeddings().weight.data_ptr():
+        raise ValueError("make_tag_prone needs an untied output head (build_model(tie_word_embeddings=False))")
+    generator = torch.Generator().manual_seed(seed)
+    ids = tag_ids(tokenizer)
+    with torch.no_grad():
+        for token in (ids["<Parallel>"], ids["</Path>"], ids["</Summary>"], tokenizer.eos_token_id):
+            direction = torch.randn(head.shape[1], generator=generator)
+            head[token] = strength * direction / direction.norm()
+
+
+def save_tiny(output_dir: str | Path, tag_prone: bool = False, **model_kwargs) -> Path:
     """Build the tokenizer and model and save both to `output_dir` (a model directory vLLM can load)."""
     output_dir = Path(output_dir)
     tokenizer = build_tokenizer()
+    if tag_prone:
+        model_kwargs["tie_word_embeddings"] = False
     model = build_model(tokenizer, **model_kwargs)
+    if tag_prone:
+        make_tag_prone(model, tokenizer)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     logger.info("Tiny model (%d parameters) written to %s", model.num_parameters(), output_dir)

@@ -1,0 +1,189 @@
+"""The fork-join rollout engine: a small state machine over a decoding backend.
+
+Each completion moves through three phases, all completions of a call together:
+
+    main     decode until <Parallel> or EOS
+    paths    fork K streams, each = context + <Path> (inserted), decode until </Path> or EOS;
+             a path cut by its budget or ended by EOS is closed with an inserted </Path>
+    summary  join the paths, insert </Parallel> \\n <Summary>, decode until </Summary>
+             (closed the same way if cut), then back to main
+
+Rules:
+- After `max_blocks` blocks, <Parallel> can no longer be sampled in the main text (it is banned,
+  and the sampler's log-probs say so), so the final answer is never cut by the block limit.
+- The completion never exceeds `max_completion_tokens`: a block that would overflow is cut there
+  (what is kept was sampled exactly as kept).
+- Inserted tokens carry env_mask 0 and log-prob 0.0; sampled tokens carry env_mask 1 and the
+  sampler's log-prob. An EOS sampled inside a path or a summary ends it and is dropped (the closer
+  is inserted in its place), so a completion holds at most one EOS, at its end.
+- `sequential` mode never forks: the model writes its blocks itself in one decode (the causal
+  "Seen" policy, exactly); blocks are still counted and limited the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tqdm.auto import tqdm
+
+from ..format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
+from .backend import Backend, Decoded, Segment
+
+
+@dataclass
+class RolloutConfig:
+    mode: Literal["fork", "sequential"] = "fork"
+    attention: Literal["isolated", "causal"] = "isolated"
+    num_paths: int = 2
+    max_blocks: int = 4
+    max_path_tokens: int = 512
+    max_summary_tokens: int = 256
+    max_completion_tokens: int = 3000
+
+    def __post_init__(self):
+        if self.mode not in ("fork", "sequential"):
+            raise ValueError(f"rollout mode must be 'fork' or 'sequential', got {self.mode!r}")
+        if self.attention not in ("isolated", "causal"):
+            raise ValueError(f"attention must be 'isolated' or 'causal', got {self.attention!r}")
+        if self.mode == "sequential" and self.attention == "isolated":
+            raise ValueError(
+                "mode='sequential' samples every path after its siblings, which the isolated structure "
+                "would hide from them: use mode='fork' with attention='isolated'"
+            )
+        for name in ("num_paths", "max_path_tokens", "max_summary_tokens", "max_completion_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_blocks < 0:
+            raise ValueError(f"max_blocks must be >= 0, got {self.max_blocks}")
+
+
+@dataclass
+class Rollout:
+    """One completion as sampled. `logprobs` and `env_mask` have one entry per completion token."""
+
+    prompt_ids: list
+    completion_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    env_mask: list = field(default_factory=list)
+    blocks: int = 0
+    finish: str = "length"  # "eos" or "length"
+
+
+@dataclass
+class _State:
+    rollout: Rollout
+    stream: object
+    phase: str = "main"  # main, paths, summary, done
+    children: list = field(default_factory=list)
+
+
+class ForkJoinEngine:
+    def __init__(self, backend: Backend, vocab: TagVocab, eos_ids, separator_ids: list[int], config: RolloutConfig):
+        self.backend, self.config = backend, config
+        self.tag = vocab.ids
+        self.eos = frozenset(eos_ids)
+        self.separator = list(separator_ids)
+
+    def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:
+        states = [_State(Rollout(list(p)), s) for p, s in zip(prompts, self.backend.start(prompts))]
+        bar = tqdm(total=len(states), desc="rollouts", unit="completion", disable=not progress, leave=False)
+        while True:
+            live = [s for s in states if s.phase != "done"]
+            if not live:
+                break
+            segments, owners = [], []
+            for state in live:
+                for segment in self._segments(state):
+                    segments.append(segment)
+                    owners.append(state)
+            results = self.backend.decode(segments)
+            for state in live:
+                mine = [r for r, owner in zip(results, owners) if owner is state]
+                self._advance(state, mine)
+                if state.phase == "done":
+                    bar.update()
+        bar.close()
+        return [s.rollout for s in states]
+
+    # -- what each phase asks the backend
+    def _segments(self, state: _State) -> list[Segment]:
+        cfg, rollout = self.config, state.rollout
+        room = cfg.max_completion_tokens - len(rollout.completion_ids)
+        if state.phase == "main":
+            more_blocks = rollout.blocks < cfg.max_blocks
+            opener = frozenset({self.tag[PARALLEL_OPEN]})
+            return [
+                Segment(
+                    state.stream,
+                    max_new=room,
+                    stop_ids=opener if more_blocks else frozenset(),
+                    end_ids=self.eos,
+                    banned=frozenset() if more_blocks else opener,
+                )
+            ]
+        if state.phase == "paths":
+            budget = max(1, min(cfg.max_path_tokens, room - 1))
+            closer = self.tag[PATH_CLOSE]
+            return [
+                Segment(child, max_new=budget, stop_ids=frozenset({closer}), end_ids=self.eos, closer=closer)
+                for child in state.children
+            ]
+        closer = self.tag[SUMMARY_CLOSE]
+        budget = max(1, min(cfg.max_summary_tokens, room - 1))
+        return [Segment(state.stream, max_new=budget, stop_ids=frozenset({closer}), end_ids=self.eos, closer=closer)]
+
+    # -- what each phase does with the result
+    def _advance(self, state: _State, results: list[Decoded]) -> None:
+        getattr(self, "_after_" + state.phase)(state, results)
+        rollout = state.rollout
+        if state.phase != "done" and len(rollout.completion_ids) >= self.config.max_completion_tokens:
+            cap = self.config.max_completion_tokens
+            del rollout.completion_ids[cap:], rollout.logprobs[cap:], rollout.env_mask[cap:]
+            state.phase, rollout.finish = "done", "length"
+
+    def _after_main(self, state: _State, results: list[Decoded]) -> None:
+        (decoded,) = results
+        self._record(state.rollout, decoded)
+        if decoded.finish == "end":
+            state.phase, state.rollout.finish = "done", "eos"
+        elif decoded.finish == "length":
+            state.phase = "done"
+        elif self.config.mode == "sequential":
+            state.rollout.blocks += 1  # the model writes the block itself; keep counting
+        else:
+            isolated = self.config.attention == "isolated"
+            state.children = self.backend.fork(state.stream, self.config.num_paths, isolated)
+            for child in state.children:
+                self.backend.append(child, [self.tag[PATH_OPEN]])
+            state.phase = "paths"
+
+    def _after_paths(self, state: _State, results: list[Decoded]) -> None:
+        for decoded in results:
+            self._insert(state.rollout, [self.tag[PATH_OPEN]])
+            self._record(state.rollout, decoded)
+        isolated = self.config.attention == "isolated"
+        state.stream = self.backend.join(state.stream, state.children, isolated)
+        state.children = []
+        inserted = [self.tag[PARALLEL_CLOSE], *self.separator, self.tag[SUMMARY_OPEN]]
+        self.backend.append(state.stream, inserted)
+        self._insert(state.rollout, inserted)
+        state.rollout.blocks += 1
+        state.phase = "summary"
+
+    def _after_summary(self, state: _State, results: list[Decoded]) -> None:
+        (decoded,) = results
+        self._record(state.rollout, decoded)
+        state.phase = "main"
+
+    @staticmethod
+    def _record(rollout: Rollout, decoded: Decoded) -> None:
+        rollout.completion_ids += decoded.tokens
+        rollout.logprobs += decoded.logprobs
+        rollout.env_mask += [int(s) for s in decoded.sampled]
+
+    @staticmethod
+    def _insert(rollout: Rollout, ids: list[int]) -> None:
+        rollout.completion_ids += ids
+        rollout.logprobs += [0.0] * len(ids)
+        rollout.env_mask += [0] * len(ids)

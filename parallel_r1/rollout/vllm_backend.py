@@ -1,0 +1,106 @@
+"""A vLLM backend: streams are token lists, every decode call is one batch of concurrent requests.
+
+vLLM keeps no per-stream state for us: a path is a new request whose prompt is the context plus
+`<Path>`, and prefix caching (on in TRL's colocated engine and in `vllm serve`) finds the shared
+context's KV blocks, so the K paths of a fork and the summary after them do not recompute it.
+
+What vLLM cannot do is attend with a custom mask: a joined context is read as one causal sequence.
+For the causal ("Seen") structure that is exact. For the isolated ("Unseen") structure the paths
+are still sampled exactly (each sees only its context), but the summary and what follows are
+sampled over a causal reading of the paths. The sampler's log-probs are returned, so TRL's
+importance-sampling correction covers those tokens, and the trainer logs the mismatch.
+
+Two ways to reach vLLM, as TRL does:
+- colocate: a `vllm.LLM` in the training process (`trainer.vllm_generation.llm`);
+- server: TRL's `VLLMClient` to a `trl vllm-serve` or `vllm serve` endpoint (its /v1/completions).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .backend import Decoded, Sampling, Segment, finish_segment
+
+BAN = -100.0  # the OpenAI-style API bounds logit_bias to [-100, 100]: enough to never be sampled
+
+
+class VLLMBackend:
+    def __init__(self, llm=None, client=None, sampling: Sampling | None = None):
+        if (llm is None) == (client is None):
+            raise ValueError("VLLMBackend needs exactly one of `llm` (colocate) or `client` (server)")
+        self.llm, self.client, self.sampling = llm, client, sampling or Sampling()
+
+    def start(self, prompts: list[list[int]]) -> list[list[int]]:
+        return [list(prompt) for prompt in prompts]
+
+    def append(self, stream: list[int], ids: list[int]) -> None:
+        stream.extend(ids)
+
+    def fork(self, stream: list[int], k: int, isolated: bool) -> list[list[int]]:
+        return [list(stream) for _ in range(k)]
+
+    def join(self, parent: list[int], children: list[list[int]], isolated: bool) -> list[int]:
+        base = len(parent)
+        return parent + [token for child in children for token in child[base:]]
+
+    def decode(self, segments: list[Segment]) -> list[Decoded]:
+        if not segments:
+            return []
+        sampled = self._generate_colocate(segments) if self.llm is not None else self._generate_server(segments)
+        results = []
+        for segment, (tokens, logprobs) in zip(segments, sampled):
+            decoded = finish_segment(segment, tokens, logprobs)
+            segment.stream.extend(decoded.tokens)
+            results.append(decoded)
+        return results
+
+    def _request(self, segment: Segment) -> dict:
+        """The sampling parameters of one segment, as vLLM names them."""
+        params = {
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "top_k": self.sampling.top_k if self.sampling.top_k > 0 else 0,
+            "max_tokens": segment.max_new,
+            "stop_token_ids": sorted(segment.stop_ids | segment.end_ids),
+            "logprobs": 0,
+            "skip_special_tokens": False,
+        }
+        if segment.banned:
+            params["logit_bias"] = {token: BAN for token in sorted(segment.banned)}
+        if self.sampling.seed is not None:
+            params["seed"] = self.sampling.seed
+        return params
+
+    def _generate_colocate(self, segments: list[Segment]) -> list[tuple]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(detokenize=False, **self._request(segment)) for segment in segments]
+        prompts = [{"prompt_token_ids": list(segment.stream)} for segment in segments]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        sampled = []
+        for output in outputs:
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
+            sampled.append((tokens, logprobs))
+        return sampled
+
+    def _generate_server(self, segments: list[Segment]) -> list[tuple]:
+        """One request per group of segments that share their sampling parameters."""
+        groups = defaultdict(list)
+        for i, segment in enumerate(segments):
+            request = self._request(segment)
+            key = repr(sorted(request.items()))
+            groups[key].append((i, request))
+        sampled = [None] * len(segments)
+        for members in groups.values():
+            request = dict(members[0][1])
+            fixed = {name: request.pop(name) for name in ("temperature", "top_p", "top_k", "max_tokens", "logprobs")}
+            if "logit_bias" in request:  # JSON object keys are strings
+                request["logit_bias"] = {str(token): bias for token, bias in request["logit_bias"].items()}
+            output = self.client.generate(
+                prompts=[list(segments[i].stream) for i, _ in members], n=1, generation_kwargs=request, **fixed
+            )
+            for (i, _), tokens, logprobs in zip(members, output["completion_ids"], output["logprobs"]):
+                sampled[i] = (list(tokens), [step[0] for step in logprobs])
+        return sampled

@@ -1,0 +1,214 @@
+"""The fork-join engine on the transformers backend: exact, masked, budgeted, any K."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from parallel_r1.format import PARALLEL_OPEN, TagVocab, parse
+from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, Segment, TransformersBackend
+from parallel_r1.rollout.backend import finish_segment
+from parallel_r1.structure import isolated_inputs
+from parallel_r1.tiny import save_tiny
+
+QUESTIONS = [
+    "What is 2+2?",
+    "A farmer has 3 cows and 4 hens. How many legs are there?",
+    "x",
+    "Compute 17*3 please.",
+    "Tell me.",
+    "a b c d e f",
+]
+
+
+@pytest.fixture(scope="module")
+def tag_prone(tmp_path_factory):
+    path = save_tiny(tmp_path_factory.mktemp("tag_prone") / "model", tag_prone=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+    return path, model, tokenizer, TagVocab.from_tokenizer(tokenizer)
+
+
+def engine(setup, kv_reuse="full", temperature=1.0, seed=0, **config):
+    _, model, tokenizer, vocab = setup
+    config = {"max_completion_tokens": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
+    backend = TransformersBackend(
+        model, Sampling(temperature=temperature, seed=seed), kv_reuse, tokenizer.pad_token_id
+    )
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutConfig(**config))
+
+
+def prompts(tokenizer):
+    return [tokenizer.encode(q, add_special_tokens=False) for q in QUESTIONS]
+
+
+def trainer_logprobs(model, rollout, vocab, isolated):
+    """The log-probs the trainer computes from the ids alone (structure recomputed from the ids)."""
+    ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])
+    inputs = {"attention_mask": torch.ones_like(ids)}
+    if isolated:
+        inputs = isolated_inputs(ids, inputs["attention_mask"], len(rollout.prompt_ids), vocab)
+    with torch.no_grad():
+        logits = model(input_ids=ids, **inputs).logits[0].float()
+    start = len(rollout.prompt_ids)
+    logprobs = torch.log_softmax(logits[start - 1 : -1], -1)
+    return logprobs.gather(-1, torch.tensor(rollout.completion_ids)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "fork"), ("causal", "sequential")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_kv_reuse_samples_what_the_naive_reference_samples(tag_prone, attention, mode, temperature):
+    """Same tokens, same log-probs: KV reuse vs re-prefill per request vs re-encoding at every token."""
+    settings = dict(attention=attention, mode=mode, max_completion_tokens=64)
+    runs = {
+        reuse: engine(tag_prone, reuse, temperature, **settings).generate(prompts(tag_prone[2]))
+        for reuse in ("full", "per_request", "none")
+    }
+    assert any(r.blocks for r in runs["full"])
+    for full, per_request, naive in zip(*runs.values()):
+        assert full.completion_ids == per_request.completion_ids == naive.completion_ids
+        assert full.env_mask == naive.env_mask
+        torch.testing.assert_close(torch.tensor(full.logprobs), torch.tensor(naive.logprobs), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "sequential")])
+def test_what_is_trained_is_what_was_sampled(tag_prone, attention, mode):
+    """The exact pairs: the trainer's recomputed log-probs equal the sampler's on every sampled token."""
+    _, model, tokenizer, vocab = tag_prone
+    # no block limit here: a banned <Parallel> is the one documented exception (see the next test)
+    rollouts = engine(tag_prone, attention=attention, mode=mode, max_blocks=100).generate(prompts(tokenizer))
+    assert sum(r.blocks for r in rollouts) >= 3
+    for rollout in rollouts:
+        sampled = torch.tensor(rollout.env_mask).bool()
+        recomputed = trainer_logprobs(model, rollout, vocab, isolated=attention == "isolated")
+        torch.testing.assert_close(recomputed[sampled], torch.tensor(rollout.logprobs)[sampled], atol=2e-5, rtol=0)
+
+
+def test_causal_training_of_forked_paths_is_a_measured_mismatch(tag_prone):
+    """Seen + fork (the paper's Seen rollout) is not exact: later paths and the summary differ."""
+    _, model, tokenizer, vocab = tag_prone
+    rollouts = engine(tag_prone, attention="causal", mode="fork").generate(prompts(tokenizer))
+    gaps = []
+    for rollout in rollouts:
+        sampled = torch.tensor(rollout.env_mask).bool()
+        recomputed = trainer_logprobs(model, rollout, vocab, isolated=False)
+        gaps.append((recomputed[sampled] - torch.tensor(rollout.logprobs)[sampled]).abs().max().item())
+    assert max(gaps) > 1e-2  # large enough to see: this is what the importance-sampling correction covers
+
+
+def test_inserted_tokens_are_masked_and_sampled_tokens_are_not(tag_prone):
+    _, _, tokenizer, vocab = tag_prone
+    rollouts = engine(tag_prone, max_path_tokens=6).generate(prompts(tokenizer))
+    forced_closers = 0
+    for r in rollouts:
+        assert len(r.completion_ids) == len(r.logprobs) == len(r.env_mask)
+        inserted = set()
+        for block in parse(r.completion_ids, vocab).blocks:
+            inserted |= {path.open_at for path in block.paths}  # every <Path>
+            for path in block.paths:
+                if path.closed and r.env_mask[path.end - 1] == 0:  # a closer forced on a cut path
+                    inserted.add(path.end - 1)
+                    forced_closers += 1
+            if block.closed:  # </Parallel>, the separator and <Summary> are inserted by the join
+                inserted |= set(range(block.close_at, block.close_at + 1 + len(block.separator) + 1))
+            if block.summary_closed and r.env_mask[block.end - 1] == 0:
+                inserted.add(block.end - 1)
+        assert {i for i, m in enumerate(r.env_mask) if m == 0} == inserted & set(range(len(r.completion_ids)))
+        for mask, logprob in zip(r.env_mask, r.logprobs):
+            assert (logprob == 0.0) if mask == 0 else (logprob < 0.0)
+    assert forced_closers > 0  # max_path_tokens=6 cuts some paths
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_every_block_has_k_paths_and_paths_respect_their_budget(tag_prone, k):
+    _, _, tokenizer, vocab = tag_prone
+    rollouts = engine(tag_prone, num_paths=k, max_path_tokens=8, max_completion_tokens=400).generate(
+        prompts(tokenizer)
+    )
+    blocks = 0
+    for r in rollouts:
+        for block in parse(r.completion_ids, vocab).blocks:
+            if not block.closed:
+                continue  # cut by the completion cap
+            blocks += 1
+            assert len(block.paths) == k
+            for path in block.paths:
+                assert path.closed
+                assert len(path.body) <= 8  # sampled tokens of a path, its closer excluded
+    assert blocks > 0
+
+
+def test_block_limit_bans_new_blocks_instead_of_cutting(tag_prone):
+    _, _, tokenizer, vocab = tag_prone
+    unlimited = engine(tag_prone, max_blocks=10, max_completion_tokens=300).generate(prompts(tokenizer))
+    limited = engine(tag_prone, max_blocks=1, max_completion_tokens=300).generate(prompts(tokenizer))
+    assert max(r.blocks for r in unlimited) > 1
+    for r in limited:
+        assert r.blocks <= 1
+        opened = r.completion_ids.count(vocab.ids[PARALLEL_OPEN])
+        main_opens = len(parse(r.completion_ids, vocab).blocks)
+        assert main_opens <= 1 and opened >= main_opens
+    # completions that reached the limit still ended on their own EOS, not at the limit
+    assert any(r.blocks == 1 and r.finish == "eos" for r in limited)
+    none = engine(tag_prone, max_blocks=0).generate(prompts(tokenizer))
+    assert all(parse(r.completion_ids, vocab).blocks == [] for r in none)
+
+
+def test_banned_block_opener_is_the_only_logprob_gap_and_it_is_exact(tag_prone):
+    """After the limit the sampler draws from p renormalised without <Parallel>: log q = log p - log(1 - p_open)."""
+    _, model, tokenizer, vocab = tag_prone
+    opener = vocab.ids[PARALLEL_OPEN]
+    checked = 0
+    for r in engine(tag_prone, max_blocks=0, max_completion_tokens=60).generate(prompts(tokenizer)):
+        ids = torch.tensor([r.prompt_ids + r.completion_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(r.prompt_ids) - 1 : -1].double()
+        logp = torch.log_softmax(logits, -1)
+        trained = logp.gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
+        expected = trained - torch.log1p(-logp[:, opener].exp())
+        torch.testing.assert_close(torch.tensor(r.logprobs, dtype=torch.float64), expected, atol=2e-5, rtol=0)
+        checked += len(r.completion_ids)
+    assert checked > 50
+
+
+def test_completion_cap_holds(tag_prone):
+    _, _, tokenizer, _ = tag_prone
+    for cap in (1, 7, 50):
+        for r in engine(tag_prone, max_completion_tokens=cap, max_path_tokens=30).generate(prompts(tokenizer)):
+            assert len(r.completion_ids) <= cap
+            assert r.finish == "eos" or len(r.completion_ids) == cap
+            assert (r.finish == "eos") == (r.completion_ids[-1] == tokenizer.eos_token_id)
+
+
+def test_eos_appears_only_at_the_end(tag_prone):
+    _, _, tokenizer, _ = tag_prone
+    for r in engine(tag_prone, max_completion_tokens=300).generate(prompts(tokenizer)):
+        assert tokenizer.eos_token_id not in r.completion_ids[:-1]
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="mode"):
+        RolloutConfig(mode="tree")
+    with pytest.raises(ValueError, match="isolated"):
+        RolloutConfig(mode="sequential", attention="isolated")
+    with pytest.raises(ValueError, match="num_paths"):
+        RolloutConfig(num_paths=0)
+
+
+@pytest.mark.parametrize(
+    "sampled, segment, tokens, finish, forced",
+    [
+        ([5, 6, 9], dict(stop_ids={9}), [5, 6, 9], "stop", False),
+        ([5, 2], dict(end_ids={2}), [5, 2], "end", False),
+        ([5, 2], dict(end_ids={2}, closer=9), [5, 9], "end", True),
+        ([5, 6, 7], dict(closer=9), [5, 6, 7, 9], "length", True),
+        ([5, 6, 7], dict(), [5, 6, 7], "length", False),
+    ],
+)
+def test_segment_rules(sampled, segment, tokens, finish, forced):
+    spec = Segment(
+        stream=None, max_new=3, **{k: frozenset(v) if isinstance(v, set) else v for k, v in segment.items()}
+    )
+    out = finish_segment(spec, sampled, [-0.5] * len(sampled))
+    assert out.tokens == tokens and out.finish == finish
+    assert out.sampled[-1] is (not forced) and len(out.logprobs) == len(tokens)
