@@ -1,0 +1,257 @@
+"""`ParallelGRPOTrainer`: TRL's GRPO with fork-join rollouts and the isolated structure.
+
+Two things change, each in one place; everything else (loss types, clipping, importance sampling,
+checkpointing, logging, Hub push) is stock TRL:
+
+- Generation goes through TRL's `rollout_func` hook: the fork-join engine (`parallel_r1.rollout`)
+  returns the completion ids, the sampler's log-probs and `env_mask` (0 on the tokens the runtime
+  inserted), which TRL turns into its tool mask, so inserted tokens get no gradient.
+- With `attention="isolated"`, the log-prob forward (`_get_per_token_logps_and_entropies`, used
+  for the loss, the old and the reference log-probs) runs the model on the isolated structure,
+  recomputed from the token ids.
+
+After each generation it logs the shape of the completions (parallel ratio, blocks, paths, format
+validity, relative block position, D and T) and, where TRL does not already (it does with vLLM and
+importance-sampling correction on), the gap between the sampler's and the trainer's log-probs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from accelerate.utils import broadcast_object_list, gather_object
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import unwrap_model_for_generation
+
+from ..format import TagVocab, parse, stats
+from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
+from ..rollout.vllm_backend import VLLMBackend
+from ..structure import check_attention_implementation, isolated_inputs
+from ..tokens import has_parallel_tokens, tag_ids
+
+ROLLOUT_MODES = ("fork", "sequential", "trl")
+
+
+@dataclass
+class ParallelGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the parallel-thinking settings. `max_completion_length` caps whole completions."""
+
+    attention: str = field(
+        default="isolated",
+        metadata={
+            "help": "'isolated' (Unseen: paths never see each other) or 'causal' (Seen).",
+            "choices": ["isolated", "causal"],
+        },
+    )
+    rollout_mode: str = field(
+        default="fork",
+        metadata={
+            "help": "'fork': paths decoded concurrently by the fork-join engine; 'sequential': the model writes its "
+            "blocks itself in one decode (exact for 'causal'); 'trl': TRL's own generation, no engine (sequential "
+            "baselines without tags).",
+            "choices": list(ROLLOUT_MODES),
+        },
+    )
+    num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
+    max_blocks: int = field(
+        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is no longer sampled."}
+    )
+    max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path before it is closed."})
+    max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary before it is closed."})
+    measure_sampling_mismatch: bool = field(
+        default=True,
+        metadata={
+            "help": "Log |sampler - trainer| log-prob gaps (sampling/sampling_logp_difference) when TRL does not: one "
+            "extra no-grad forward per generation when the old log-probs are not computed anyway."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
+        if self.attention not in ("isolated", "causal"):
+            raise ValueError(f"attention must be 'isolated' or 'causal', got {self.attention!r}")
+        if self.rollout_mode == "trl" and self.attention == "isolated":
+            raise ValueError("rollout_mode='trl' samples plain causal text: use attention='causal' with it")
+        if self.use_liger_kernel and self.attention == "isolated":
+            raise ValueError("use_liger_kernel computes its own forward and cannot carry attention='isolated'")
+        if self.rollout_mode != "trl":
+            self.rollout_config()  # fail at start-up on bad budgets
+
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(
+            mode=self.rollout_mode,
+            attention=self.attention,
+            num_paths=self.num_paths,
+            max_blocks=self.max_blocks,
+            max_path_tokens=self.max_path_tokens,
+            max_summary_tokens=self.max_summary_tokens,
+            max_completion_tokens=self.max_completion_length,
+        )
+
+
+class _IsolatedForward:
+    """Calls the model with the isolated structure of the ids it is given (completion from column `start`)."""
+
+    def __init__(self, model, vocab: TagVocab, start: int):
+        self.model, self.vocab, self.start = model, vocab, start
+
+    def __call__(self, input_ids, attention_mask, **kwargs):
+        structure = isolated_inputs(input_ids, attention_mask, self.start, self.vocab)
+        return self.model(input_ids=input_ids, **structure, **kwargs)
+
+
+class ParallelGRPOTrainer(GRPOTrainer):
+    def __init__(self, model, reward_funcs, args: ParallelGRPOConfig, processing_class=None, **kwargs):
+        if not isinstance(args, ParallelGRPOConfig):
+            raise TypeError(f"args must be a ParallelGRPOConfig, got {type(args).__name__}")
+        if "rollout_func" in kwargs:
+            raise ValueError("ParallelGRPOTrainer generates with its own rollout_func; set rollout_mode='trl' instead")
+        uses_engine = args.rollout_mode != "trl"
+        if uses_engine:
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
+            kwargs["rollout_func"] = self._fork_join_rollout
+        super().__init__(
+            model=model, reward_funcs=reward_funcs, args=args, processing_class=processing_class, **kwargs
+        )
+        self.tag_vocab = TagVocab.from_tokenizer(self._tokenizer) if has_parallel_tokens(self._tokenizer) else None
+        if uses_engine and self.tag_vocab is None:
+            tag_ids(self._tokenizer)  # raises, naming the missing tags
+        if args.attention == "isolated":
+            check_attention_implementation(self.accelerator.unwrap_model(self.model))
+        self._newline = self._tokenizer.encode("\n", add_special_tokens=False)
+
+    # ------------------------------------------------------------------ generation
+
+    def _fork_join_rollout(self, prompts: list, trainer) -> dict:
+        """TRL's rollout_func: template and tokenize the prompts as TRL does, then run the engine."""
+        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        prompt_ids = [list(ids) for ids in prompt_ids]
+        if self.use_vllm and self.vllm_generation.mode == "server":
+            rollouts = self._rollouts_on_main_process(prompt_ids)
+        else:
+            rollouts = self._rollouts(prompt_ids)
+        return {
+            "prompt_ids": [r.prompt_ids for r in rollouts],
+            "completion_ids": [r.completion_ids for r in rollouts],
+            "logprobs": [r.logprobs for r in rollouts],
+            "env_mask": [r.env_mask for r in rollouts],
+        }
+
+    def _sampling(self) -> Sampling:
+        args = self.args
+        return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=args.seed)
+
+    def _engine(self, backend) -> ForkJoinEngine:
+        return ForkJoinEngine(backend, self.tag_vocab, self.eos_token_ids, self._newline, self.args.rollout_config())
+
+    def _rollouts(self, prompt_ids: list) -> list:
+        if self.use_vllm:  # colocate: this process's own vLLM engine, weights already synced by TRL
+            return self._engine(VLLMBackend(llm=self.vllm_generation.llm, sampling=self._sampling())).generate(
+                prompt_ids
+            )
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            if not hasattr(self, "_hf_backend"):  # one backend, so its random stream runs on across steps
+                self._hf_backend = TransformersBackend(
+                    model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id
+                )
+            self._hf_backend.model = model
+            return self._engine(self._hf_backend).generate(prompt_ids)
+
+    def _rollouts_on_main_process(self, prompt_ids: list) -> list:
+        """Server mode: the main process drives the engine for every process, as TRL does for plain vLLM."""
+        everyone = gather_object(prompt_ids)
+        payload = [None]
+        if self.accelerator.is_main_process:
+            backend = VLLMBackend(client=self.vllm_generation.vllm_client, sampling=self._sampling())
+            payload = [self._engine(backend).generate(everyone)]
+        broadcast_object_list(payload, from_process=0)
+        start = self.accelerator.process_index * len(prompt_ids)
+        return payload[0][start : start + len(prompt_ids)]
+
+    # ------------------------------------------------------------------ the structured forward
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if self.args.attention == "isolated":
+            model = _IsolatedForward(model, self.tag_vocab, input_ids.size(1) - logits_to_keep)
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
+
+    # ------------------------------------------------------------------ metrics
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        if self.tag_vocab is not None:
+            self._log_shapes(output, mode)
+        if self.args.measure_sampling_mismatch and "sampling_per_token_logps" in output:
+            if not (self.use_vllm and self.vllm_importance_sampling_correction):  # TRL logs it in that case
+                self._log_mismatch(output, mode)
+        return output
+
+    def _log_shapes(self, output: dict, mode: str) -> None:
+        completions = [
+            ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"])
+        ]
+        shapes = [stats(parse(ids, self.tag_vocab)) for ids in completions]
+        rows = torch.tensor(
+            [
+                [
+                    float(s.has_parallel),
+                    float(s.well_formed),
+                    s.num_blocks,
+                    sum(s.paths_per_block),
+                    sum(s.block_positions),
+                    s.total,
+                    s.critical,
+                ]
+                for s in shapes
+            ],
+            dtype=torch.float64,
+            device=self.accelerator.device,
+        )
+        totals = self.accelerator.gather(rows).sum(0).tolist()
+        count = self.accelerator.gather(torch.tensor([len(shapes)], device=self.accelerator.device)).sum().item()
+        parallel, well_formed, blocks, paths, positions, total, critical = totals
+        metrics = self._metrics[mode]
+        metrics["parallel/ratio"].append(parallel / count)
+        metrics["parallel/format_valid"].append(well_formed / count)
+        metrics["parallel/blocks_per_completion"].append(blocks / count)
+        metrics["parallel/paths_per_block"].append(paths / blocks if blocks else 0.0)
+        metrics["parallel/block_position"].append(positions / blocks if blocks else 0.0)
+        metrics["parallel/tokens_total"].append(total / count)
+        metrics["parallel/tokens_critical"].append(critical / count)
+        metrics["parallel/critical_over_total"].append(critical / total if total else 1.0)
+
+    @torch.no_grad()
+    def _log_mismatch(self, output: dict, mode: str) -> None:
+        trained = output.get("old_per_token_logps")
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        mask = output["completion_mask"] * output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+        if trained is None:
+            trained, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
+                output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        gap = (trained - output["sampling_per_token_logps"]).abs()[mask.bool()]
+        gap = gap[~torch.isnan(gap)]
+        mean = self.accelerator.gather(gap.mean() if gap.numel() else gap.new_zeros(())).mean().item()
+        worst = self.accelerator.gather(gap.max() if gap.numel() else gap.new_zeros(())).max().item()
+        self._metrics[mode]["sampling/sampling_logp_difference/mean"].append(mean)
+        self._metrics[mode]["sampling/sampling_logp_difference/max"].append(worst)

@@ -1,0 +1,184 @@
+"""ParallelGRPOTrainer on the tiny model, CPU: rewards see tags, inserted tokens get no gradient,
+the isolated forward is the structure's, metrics are logged, resumes continue the schedule."""
+
+import json
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from parallel_r1.data import build_prompt
+from parallel_r1.format import TAGS, TagVocab, parse
+from parallel_r1.rewards import get_reward_funcs
+from parallel_r1.structure import isolated_inputs
+from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+PROBLEMS = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
+ANSWERS = ["5", "9", "3", "12"]
+
+
+@pytest.fixture
+def dataset():
+    return Dataset.from_dict({"prompt": [build_prompt(p) for p in PROBLEMS], "answer": ANSWERS})
+
+
+def length_reward(completions, **kwargs):
+    """A reward with spread inside every group, so advantages (and the loss) are never all zero."""
+    return [float(len(c[0]["content"]) % 7) for c in completions]
+
+
+def config(tmp_path, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=48,
+        max_path_tokens=12,
+        max_summary_tokens=6,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    settings.update(overrides)
+    return ParallelGRPOConfig(**settings)
+
+
+def trainer_for(tag_prone_dir, args, dataset, rewards=None):
+    tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
+    model = AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32")
+    rewards = rewards if rewards is not None else [length_reward]
+    return ParallelGRPOTrainer(
+        model=model, reward_funcs=rewards, args=args, processing_class=tokenizer, train_dataset=dataset
+    )
+
+
+@pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "sequential")])
+def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir, dataset, attention, mode):
+    seen = []
+
+    def recording_reward(completions, **kwargs):
+        seen.extend(c[0]["content"] for c in completions)
+        return length_reward(completions)
+
+    # no block limit: a banned <Parallel> is the documented inexact case (tests/test_rollout.py)
+    args = config(tmp_path, attention=attention, rollout_mode=mode, max_blocks=100)
+    trainer = trainer_for(tag_prone_dir, args, dataset, [recording_reward])
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "parallel/ratio" in entry]
+    assert len(logs) == 2
+    for entry in logs:
+        for key in ("parallel/blocks_per_completion", "parallel/format_valid", "parallel/tokens_critical"):
+            assert key in entry
+        # the sampler's log-probs are the trainer's: exact pairs (engine and structure agree)
+        assert entry["sampling/sampling_logp_difference/max"] < 1e-4
+    # the reward functions received the completions with their tags as text
+    assert any(tag in text for text in seen for tag in TAGS)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def _batch(trainer):
+    """One generated and scored batch, as the training step receives it."""
+    inputs = [{"prompt": build_prompt(p), "answer": a} for p, a in zip(PROBLEMS, ANSWERS)]
+    trainer.model.train()
+    return trainer._generate_and_score_completions(inputs)
+
+
+def test_inserted_tokens_get_no_gradient(tmp_path, tag_prone_dir, dataset):
+    """d loss / d log-prob is zero on every inserted token and not on the sampled ones."""
+    trainer = trainer_for(tag_prone_dir, config(tmp_path), dataset)
+    trainer.current_gradient_accumulation_steps = 1  # what the training loop sets before compute_loss
+    batch = _batch(trainer)
+    real = batch["completion_mask"].bool()
+    inserted, sampled = real & (batch["tool_mask"] == 0), real & (batch["tool_mask"] == 1)
+    assert inserted.any() and sampled.any()
+    delta = torch.zeros(batch["completion_ids"].shape, requires_grad=True)
+    original = ParallelGRPOTrainer._get_per_token_logps_and_entropies
+
+    def shifted(self, *args, **kwargs):
+        logps, entropies, aux = original(self, *args, **kwargs)
+        return logps + delta, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = shifted.__get__(trainer)
+    trainer.compute_loss(trainer.model, batch).backward()
+    assert delta.grad[inserted].abs().max() == 0.0
+    assert delta.grad[sampled].abs().max() > 0.0
+
+
+def test_isolated_log_probs_are_the_structure_forward(tmp_path, tag_prone_dir, dataset):
+    trainer = trainer_for(tag_prone_dir, config(tmp_path, max_completion_length=64), dataset)
+    batch = _batch(trainer)
+    vocab = TagVocab.from_tokenizer(trainer.processing_class)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    width = batch["completion_ids"].size(1)
+    trainer.model.eval()
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width)
+        structure = isolated_inputs(ids, mask, ids.size(1) - width, vocab)
+        logits = trainer.model(input_ids=ids, **structure).logits[:, -width - 1 : -1].float()
+        plain = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float()
+    target = batch["completion_ids"][..., None]
+    expected = torch.log_softmax(logits, -1).gather(-1, target).squeeze(-1)
+    causal = torch.log_softmax(plain, -1).gather(-1, target).squeeze(-1)
+    real = batch["completion_mask"].bool()
+    torch.testing.assert_close(logps[real], expected[real], atol=1e-5, rtol=0)
+    has_block = [bool(parse(row[m].tolist(), vocab).blocks) for row, m in zip(batch["completion_ids"], real)]
+    assert any(has_block)
+    assert (logps[real] - causal[real]).abs().max() > 1e-3  # and it is not the causal forward
+
+
+def test_bad_settings_fail_at_start(tmp_path):
+    with pytest.raises(ValueError, match="rollout_mode"):
+        config(tmp_path, rollout_mode="tree")
+    with pytest.raises(ValueError, match="sequential"):
+        config(tmp_path, rollout_mode="sequential", attention="isolated")
+    with pytest.raises(ValueError, match="attention='causal'"):
+        config(tmp_path, rollout_mode="trl", attention="isolated")
+    with pytest.raises(ValueError, match="num_paths"):
+        config(tmp_path, num_paths=0)
+
+
+def test_a_tokenizer_without_tags_is_refused(tmp_path, dataset):
+    from parallel_r1.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer(with_tags=False)
+    model = build_model(tokenizer)
+    with pytest.raises(ValueError, match="<Parallel>"):
+        ParallelGRPOTrainer(
+            model=model,
+            reward_funcs=[length_reward],
+            args=config(tmp_path),
+            processing_class=tokenizer,
+            train_dataset=dataset,
+        )
+
+
+def test_resume_continues_the_step_and_the_reward_schedule(tmp_path, tag_prone_dir, dataset):
+    schedule = "alternating(accuracy, tiered, window=2, a_steps=1)"  # b on even paper steps
+    metric = "schedule/alternating(accuracy,tiered,window=2,a_steps=1)/uses_b"
+
+    def run(max_steps, resume=None):
+        args = config(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=1)
+        rewards = get_reward_funcs([schedule, "parallel"]) + [length_reward]
+        trainer = trainer_for(tag_prone_dir, args, dataset, rewards)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    first = run(2)  # "killed" after 2 steps, checkpoints at 1 and 2
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 2
+    resumed = run(4, resume=str(checkpoint))
+    assert resumed.state.global_step == 4
+    before = [e[metric] for e in first.state.log_history if metric in e]
+    after = [e[metric] for e in resumed.state.log_history if metric in e and e["step"] > 2]
+    assert before == [0.0, 1.0] and after == [0.0, 1.0]  # steps 3 and 4 continue the 1-2 pattern
