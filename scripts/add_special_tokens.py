@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 class Arguments:
     model_name_or_path: str = field(metadata={"help": "Hub id or local directory of the base model."})
     output_dir: str = field(metadata={"help": "Where to write the model with the tags."})
-    dtype: str = field(default="auto", metadata={"help": "Weights dtype to load and save (auto keeps the checkpoint's)."})
+    dtype: str = field(
+        default="auto", metadata={"help": "Weights dtype to load and save (auto keeps the checkpoint's)."}
+    )
     push_to_hub: bool = field(default=False, metadata={"help": "Also upload the result to the Hub."})
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for --push_to_hub."})
     private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
@@ -36,7 +38,11 @@ def main(args: Arguments) -> None:
     added = add_parallel_tokens(tokenizer, model)
     rows_after = model.get_input_embeddings().weight.shape[0]
     logger.info(
-        "Added %s; tag ids %s; embedding rows %d -> %d", added or "nothing", tag_ids(tokenizer), rows_before, rows_after
+        "Added %s; tag ids %s; embedding rows %d -> %d",
+        added or "nothing",
+        tag_ids(tokenizer),
+        rows_before,
+        rows_after,
     )
     model.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

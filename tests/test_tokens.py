@@ -19,7 +19,6 @@ def bare_tokenizer():
     return build_tokenizer(with_tags=False)
 
 
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_tags_fill_spare_rows_with_the_mean_of_used_rows(bare_tokenizer, tied):
     tokenizer = build_tokenizer(with_tags=False)
@@ -84,7 +83,14 @@ def test_script_makes_a_special_base_that_reloads(tmp_path):
     build_model(tokenizer, spare_rows=2, tie_word_embeddings=False).save_pretrained(base)
     tokenizer.save_pretrained(base)
     out = tmp_path / "special"
-    cmd = [sys.executable, "scripts/add_special_tokens.py", "--model_name_or_path", str(base), "--output_dir", str(out)]
+    cmd = [
+        sys.executable,
+        "scripts/add_special_tokens.py",
+        "--model_name_or_path",
+        str(base),
+        "--output_dir",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, capture_output=True)
     reloaded_tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -1,0 +1,215 @@
+"""Stage 1: supervised fine-tuning on cold-start traces, in the Seen or the Unseen variant.
+
+- `attention="causal"` (Seen): stock `SFTTrainer`; a later path sees the earlier ones.
+- `attention="isolated"` (Unseen): the model is called with the position ids and boolean 4-D attention
+  mask of `structure.isolated_inputs`, recomputed for every batch from its own token ids (no side
+  channel). Paths of a block cannot see each other; whatever follows a block sees all its paths.
+
+Rules shared by both variants:
+- The loss is on the completion only (TRL's completion-only loss: tags and end-of-turn included).
+- The six tags are single tokens of the tokenizer before TRL tokenizes anything: missing ones are
+  added (`tokens.add_parallel_tokens`, also under ZeRO-3, see `ensure_parallel_tokens`).
+- With a PEFT config the tag rows of the embedding (and of an untied LM head) train as well, through
+  peft's `trainable_token_indices`: their starting values are a mean, not learned values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from peft.utils.other import TrainableTokensWrapper
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.integrations import is_deepspeed_zero3_enabled
+from trl import SFTConfig, SFTTrainer
+
+from ..format import TAGS, TagVocab
+from ..structure import check_attention_implementation, isolated_inputs
+from ..tokens import add_parallel_tokens
+
+ATTENTION = ("causal", "isolated")
+IGNORE = -100  # TRL's label for tokens out of the loss
+
+
+@dataclass
+class ParallelSFTConfig(SFTConfig):
+    """`SFTConfig` plus the attention variant. Options that cannot carry path isolation fail here."""
+
+    attention: str = field(
+        default="causal",
+        metadata={
+            "help": "'causal' (Seen: plain causal attention) or 'isolated' (Unseen: the paths of a block cannot "
+            "attend to each other and restart their positions at the block's opener).",
+            "choices": list(ATTENTION),
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.attention != "isolated":
+            return
+        refused = {
+            "padding_free=True": self.padding_free,
+            "packing=True": self.packing,
+            "eval_packing=True": self.eval_packing,
+        }
+        for option, is_set in refused.items():
+            if is_set:
+                raise ValueError(
+                    f"attention='isolated' cannot be used with {option}: rows that share one flattened sequence "
+                    "cannot carry the per-row isolation mask. Leave it off (padded batches)."
+                )
+        if self.completion_only_loss is False:
+            raise ValueError(
+                "attention='isolated' needs completion_only_loss: the completion (the part whose paths are isolated) "
+                "starts at the first token in the loss, and the prompt, which names the tags as plain text, must "
+                "stay out of it."
+            )
+
+
+def completion_starts(labels: torch.Tensor) -> torch.Tensor:
+    """Where each row's completion starts: its first label in the loss (a row with none: its length).
+
+    SFTTrainer folds its completion mask into the labels (-100 on the prompt) and drops it, so the
+    labels are where a collated batch still says where the completion starts.
+    """
+    in_loss = labels != IGNORE
+    return torch.where(in_loss.any(-1), in_loss.int().argmax(-1), labels.shape[-1])
+
+
+def ensure_parallel_tokens(tokenizer, model) -> list[str]:
+    """Add the missing tags to `tokenizer` and rows for them to `model`; returns the tags added.
+
+    Under DeepSpeed ZeRO-3 the model is already partitioned when it is loaded, so the embedding
+    matrices are gathered for the edit and rank 0's values are scattered back, as transformers' own
+    resize does. Only tags that fit the embedding's spare rows can be added that way (Qwen3 bases have
+    spare rows); needing a resize under ZeRO-3 is refused: make a "-Special" base first.
+    """
+    missing = [tag for tag in TAGS if len(tokenizer.encode(tag, add_special_tokens=False)) != 1]
+    if not missing or not is_deepspeed_zero3_enabled():
+        return add_parallel_tokens(tokenizer, model)
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) + len(missing) > rows:
+        raise ValueError(
+            f"The tokenizer lacks {missing} and its {len(tokenizer)} entries leave no room for them in the "
+            f"{rows}-row embedding: that needs a resize, which is not supported once ZeRO-3 has partitioned the "
+            "model. Make a base with the tags first (python scripts/add_special_tokens.py --model_name_or_path "
+            "<base> --output_dir <base>-Special) and train from it."
+        )
+    import deepspeed
+
+    weights = {
+        id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+    }
+    with deepspeed.zero.GatheredParameters(list(weights.values()), modifier_rank=0):
+        return add_parallel_tokens(tokenizer, model)
+
+
+def with_trainable_tag_rows(peft_config, model: PreTrainedModel, tag_ids: list[int]):
+    """A copy of `peft_config` whose `trainable_token_indices` also cover the tag rows.
+
+    The input embedding always; the LM head too when it is a separate matrix (a tied head follows the
+    embedding in peft).
+    """
+    names = {module: name for name, module in model.named_modules()}
+    layers = [model.get_input_embeddings()]
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not layers[0].weight:
+        layers.append(head)
+    indices = peft_config.trainable_token_indices
+    if indices is None:
+        indices = {}
+    elif not isinstance(indices, dict):  # a plain list means the input embedding
+        indices = {names[layers[0]]: list(indices)}
+    indices = {key: list(value) for key, value in indices.items()}
+    for layer in layers:
+        key = next((k for k in indices if names[layer] == k or names[layer].endswith("." + k)), names[layer])
+        indices[key] = sorted(set(indices.get(key, [])) | set(tag_ids))
+    return dataclasses.replace(peft_config, trainable_token_indices=indices)
+
+
+def _expose_head_bias(head) -> None:
+    """Let SFTTrainer's fused LM head read `bias` through peft's trainable-token wrapper of the LM head.
+
+    The fused head reads `lm_head.weight` and `lm_head.bias`; peft's `TrainableTokensWrapper` (on the
+    head when it is tied to the embedding or has tag rows of its own) forwards `weight`, with the
+    trained rows merged in, but not `bias`. A plain reference to the wrapped layer's bias fills the gap
+    without registering it twice.
+    """
+    if isinstance(head, TrainableTokensWrapper) and "bias" not in vars(head):
+        object.__setattr__(head, "bias", head.original_module.bias)
+
+
+class ParallelSFTTrainer(SFTTrainer):
+    """`SFTTrainer` for parallel-thinking traces: Seen (`attention="causal"`) or Unseen (`"isolated"`).
+
+    `model` and `processing_class` are instances, so the tags can be added to both before TRL
+    tokenizes the data or wraps the model with PEFT.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: ParallelSFTConfig | None = None,
+        *,
+        processing_class: PreTrainedTokenizerBase,
+        peft_config=None,
+        **kwargs,
+    ):
+        args = args if args is not None else ParallelSFTConfig()
+        if not isinstance(args, ParallelSFTConfig):
+            raise TypeError(f"args must be a ParallelSFTConfig, got {type(args).__name__}")
+        if not isinstance(model, PreTrainedModel) or not isinstance(processing_class, PreTrainedTokenizerBase):
+            raise TypeError(
+                "ParallelSFTTrainer takes a loaded model and tokenizer (AutoModelForCausalLM / AutoTokenizer), got "
+                f"{type(model).__name__} and {type(processing_class).__name__}"
+            )
+        if args.attention == "isolated":
+            check_attention_implementation(model)
+        ensure_parallel_tokens(processing_class, model)
+        vocab = TagVocab.from_tokenizer(processing_class)
+        if peft_config is not None:
+            peft_config = with_trainable_tag_rows(peft_config, model, sorted(vocab.ids.values()))
+        super().__init__(model, args, processing_class=processing_class, peft_config=peft_config, **kwargs)
+        self.tag_vocab = vocab
+        if peft_config is not None:
+            _expose_head_bias(self.model.get_output_embeddings())
+        if args.attention == "isolated":
+            self._check_isolated_setup()
+
+    def _check_isolated_setup(self) -> None:
+        if not (self.completion_only_loss or self.args.assistant_only_loss):
+            raise ValueError(
+                "attention='isolated' needs the prompt out of the loss: use prompt-completion data (the default "
+                "completion_only_loss then applies) or set completion_only_loss=True"
+            )
+        parallelism = self.accelerator.parallelism_config
+        if parallelism is not None and (parallelism.cp_enabled or parallelism.sp_enabled):
+            raise ValueError(
+                "attention='isolated' cannot run with context or sequence parallelism: both shard the sequence and "
+                "replace the attention mask with plain causal attention"
+            )
+
+    def structured_inputs(self, inputs: dict) -> dict:
+        """The isolated `position_ids` and 4-D `attention_mask` of a collated batch, from its ids and labels."""
+        return isolated_inputs(
+            inputs["input_ids"], inputs["attention_mask"], completion_starts(inputs["labels"]), self.tag_vocab
+        )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Isolated: SFTTrainer's loss, with the model called on the batch's isolated structure.
+
+        Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
+        it after the forward (the token count it logs), and a 4-D mask there would count pairs.
+        """
+        if self.args.attention == "causal":
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        structure = self.structured_inputs(inputs)
+
+        def structured_model(**kwargs):
+            return model(**{**kwargs, **structure})
+
+        return super().compute_loss(structured_model, inputs, return_outputs, num_items_in_batch)
