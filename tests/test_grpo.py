@@ -3,6 +3,9 @@ the isolated forward is the structure's, metrics are logged, resumes continue th
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,3 +185,20 @@ def test_resume_continues_the_step_and_the_reward_schedule(tmp_path, tag_prone_d
     before = [e[metric] for e in first.state.log_history if metric in e]
     after = [e[metric] for e in resumed.state.log_history if metric in e and e["step"] > 2]
     assert before == [0.0, 1.0] and after == [0.0, 1.0]  # steps 3 and 4 continue the 1-2 pattern
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_the_tiny_recipe(tmp_path, tag_prone_dir):
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "grpo"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    command += ["--num_cpu_threads_per_process", "1", "scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml"]
+    command += ["--model_name_or_path", str(tag_prone_dir), "--output_dir", str(out), "--max_steps", "2"]
+    command += ["--per_device_train_batch_size", "4", "--max_completion_length", "64", "--max_train_samples", "8"]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    assert "parallel/ratio" in log and "schedule/alternating" in log
+    assert (out / "model.safetensors").exists()
+    saved, given = (TagVocab.from_tokenizer(AutoTokenizer.from_pretrained(d)).ids for d in (out, tag_prone_dir))
+    assert saved == given

@@ -1,0 +1,100 @@
+"""Stage 2: GRPO with fork-join rollouts (Parallel-R1), or a plain sequential baseline.
+
+    accelerate launch --config_file accelerate_configs/zero3.yaml scripts/grpo.py \
+        --config recipes/Qwen3-4B-Base/grpo/unseen_s2.yaml [--any_field value ...]
+
+    accelerate launch --config_file accelerate_configs/cpu.yaml scripts/grpo.py --config recipes/tiny/grpo.yaml
+
+The recipe fills `parallel_r1.configs.GRPO_ARGUMENTS`; command-line flags override it. Generation
+(vLLM colocated or server, or transformers), checkpoints, resuming (`--resume_from_checkpoint`),
+logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL's own.
+"""
+
+import logging
+
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import get_peft_config
+
+from parallel_r1.configs import grpo_parser
+from parallel_r1.data import load_problems
+from parallel_r1.rewards import get_reward_funcs
+from parallel_r1.trainers import ParallelGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+def load_split(script_args, training_args, tokenizer, split):
+    """The problems of one split, without those whose templated prompt exceeds max_prompt_length tokens."""
+    with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
+        dataset = load_problems(
+            script_args.dataset_name,
+            split,
+            config=script_args.dataset_config,
+            question_column=script_args.question_column,
+            answer_column=script_args.answer_column,
+            template=script_args.prompt_template,
+            limit=script_args.max_train_samples if split == script_args.dataset_train_split else None,
+        )
+        if script_args.max_prompt_length is None:
+            return dataset
+        limit = script_args.max_prompt_length
+        kept = dataset.filter(
+            lambda row: len(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True)) <= limit,
+            desc=f"prompts of at most {limit} tokens",
+        )
+        logger.info(
+            "%s [%s]: dropped %d prompts longer than %d tokens",
+            script_args.dataset_name,
+            split,
+            len(dataset) - len(kept),
+            limit,
+        )
+        if len(kept) == 0:
+            raise ValueError(f"no prompt of {script_args.dataset_name} [{split}] fits max_prompt_length={limit}")
+        return kept
+
+
+def main(script_args, training_args, model_args):
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is required (a Hub id or a local model directory)")
+    load_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code}
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, **load_kwargs)
+    # optimizer steps per generated batch: the unit of the paper's step, which reward schedules count
+    steps_per_batch = max(
+        1,
+        training_args.steps_per_generation * training_args.num_iterations // training_args.gradient_accumulation_steps,
+    )
+    reward_funcs = get_reward_funcs(script_args.reward_funcs, tokenizer=tokenizer, steps_per_batch=steps_per_batch)
+    train_dataset = load_split(script_args, training_args, tokenizer, script_args.dataset_train_split)
+    eval_dataset = None
+    if training_args.eval_strategy != "no" and script_args.dataset_test_split:
+        eval_dataset = load_split(script_args, training_args, tokenizer, script_args.dataset_test_split)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_args.model_name_or_path,
+        dtype=model_args.dtype,
+        attn_implementation=model_args.attn_implementation,
+        **load_kwargs,
+    )
+    trainer = ParallelGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    logger.info("Model saved to %s", training_args.output_dir)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+
+if __name__ == "__main__":
+    script_args, training_args, model_args = grpo_parser().parse_args_and_config()
+    log_level = training_args.get_process_log_level()
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    main(script_args, training_args, model_args)
