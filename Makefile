@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: install test lint format demo bench clean
+DEMO_ENV := OMP_NUM_THREADS=2 TRL_EXPERIMENTAL_SILENCE=1
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,17 @@ lint: install
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# The main job on the tiny default: build the model, SFT it (Unseen), then GRPO with fork-join rollouts. CPU, ~5 min.
+demo: install
+	$(PY) -m parallel_r1.tiny outputs/tiny-qwen3
+	$(DEMO_ENV) $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml scripts/sft.py --config recipes/tiny/sft.yaml
+	$(DEMO_ENV) $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml scripts/grpo.py --config recipes/tiny/grpo.yaml
+
+# Speed comparisons (results in benchmarks/results/)
+bench: install
+	$(PY) benchmarks/bench_rewards.py
+	$(PY) benchmarks/bench_rollout.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
