@@ -12,12 +12,11 @@ logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL
 
 import logging
 
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import get_peft_config
 
 from parallel_r1.configs import grpo_parser
 from parallel_r1.data import load_problems
+from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
 from parallel_r1.rewards import get_reward_funcs
 from parallel_r1.trainers import ParallelGRPOTrainer
 
@@ -56,10 +55,7 @@ def load_split(script_args, training_args, tokenizer, split):
 
 
 def main(script_args, training_args, model_args):
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required (a Hub id or a local model directory)")
-    load_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code}
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, **load_kwargs)
+    tokenizer = load_tokenizer(model_args, training_args)
     # optimizer steps per generated batch: the unit of the paper's step, which reward schedules count
     steps_per_batch = max(
         1,
@@ -70,14 +66,8 @@ def main(script_args, training_args, model_args):
     eval_dataset = None
     if training_args.eval_strategy != "no" and script_args.dataset_test_split:
         eval_dataset = load_split(script_args, training_args, tokenizer, script_args.dataset_test_split)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path,
-        dtype=model_args.dtype,
-        attn_implementation=model_args.attn_implementation,
-        **load_kwargs,
-    )
     trainer = ParallelGRPOTrainer(
-        model=model,
+        model=load_model(model_args, training_args),
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
@@ -85,16 +75,10 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    logger.info("Model saved to %s", training_args.output_dir)
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    train_and_save(trainer, training_args, script_args.dataset_name)
 
 
 if __name__ == "__main__":
     script_args, training_args, model_args = grpo_parser().parse_args_and_config()
-    log_level = training_args.get_process_log_level()
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=log_level)
-    transformers.utils.logging.set_verbosity(log_level)
+    setup_logging(training_args)
     main(script_args, training_args, model_args)

@@ -84,8 +84,10 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
             assert key in entry
         # the sampler's log-probs are the trainer's: exact pairs (engine and structure agree)
         assert entry["sampling/sampling_logp_difference/max"] < 1e-4
-    # the reward functions received the completions with their tags as text
+    # the reward functions received the completions with their tags as text, and so did the completions table
     assert any(tag in text for text in seen for tag in TAGS)
+    table = [str(completion) for completion in trainer._logs["completion"]]
+    assert any(tag in text for text in table for tag in TAGS)
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
