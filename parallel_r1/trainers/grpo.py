@@ -142,8 +142,11 @@ class ParallelGRPOTrainer(GRPOTrainer):
         }
 
     def _sampling(self) -> Sampling:
+        """The trainer's sampling settings; one random stream per process, since TRL spreads the copies of a
+        prompt over the processes and equal streams would draw equal completions."""
         args = self.args
-        return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=args.seed)
+        seed = args.seed + self.accelerator.process_index
+        return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=seed)
 
     def _engine(self, backend) -> ForkJoinEngine:
         return ForkJoinEngine(backend, self.tag_vocab, self.eos_token_ids, self._newline, self.args.rollout_config())
