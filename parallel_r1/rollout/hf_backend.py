@@ -55,6 +55,11 @@ class HFStream:
     def fed(self) -> int:
         return 0 if self.kv is None else self.kv.shape[-2]
 
+    def copy(self, **changes) -> HFStream:
+        """A stream with its own token lists (the KV tensors are shared: they are never written in place)."""
+        lists = {name: list(getattr(self, name)) for name in ("ids", "positions", "block_of", "path_of")}
+        return replace(self, **{**lists, **changes})
+
     def extend(self, ids: list[int]) -> None:
         n = len(ids)
         self.ids += ids
@@ -106,37 +111,16 @@ class TransformersBackend:
     def fork(self, stream: HFStream, k: int, isolated: bool) -> list[HFStream]:
         block = stream.forks
         stream.forks += 1
-        children = []
-        for path in range(k):
-            child = replace(
-                stream,
-                ids=list(stream.ids),
-                positions=list(stream.positions),
-                block_of=list(stream.block_of),
-                path_of=list(stream.path_of),
-                group=(block, path) if isolated else OUTSIDE,
-                forks=stream.forks,
-            )
-            children.append(child)
-        return children
+        return [stream.copy(group=(block, path) if isolated else OUTSIDE) for path in range(k)]
 
     def join(self, parent: HFStream, children: list[HFStream], isolated: bool) -> HFStream:
         base = len(parent.ids)
         if not isolated:
-            merged = replace(children[0], group=OUTSIDE, forks=parent.forks, logits=None)
-            merged.ids, merged.positions = list(merged.ids), list(merged.positions)
-            merged.block_of, merged.path_of = list(merged.block_of), list(merged.path_of)
+            merged = children[0].copy(group=OUTSIDE, forks=parent.forks, logits=None)
             for child in children[1:]:
                 merged.extend(child.ids[base:])
             return merged
-        merged = HFStream(
-            ids=list(parent.ids),
-            positions=list(parent.positions),
-            block_of=list(parent.block_of),
-            path_of=list(parent.path_of),
-            next_pos=max(child.next_pos for child in children),
-            forks=parent.forks,
-        )
+        merged = parent.copy(next_pos=max(c.next_pos for c in children), group=OUTSIDE, kv=None, logits=None)
         for child in children:
             for name in ("ids", "positions", "block_of", "path_of"):
                 getattr(merged, name).extend(getattr(child, name)[base:])
@@ -290,11 +274,10 @@ class _Batch:
                 positions[r, unread - new :] = torch.tensor(s.positions[s.fed :])
                 valid[r, slots + unread - new :] = True
         self.cache = DynamicCache(ddp_cache_data=[(layer[0], layer[1]) for layer in kv])
+        self.valid = valid.to(device)
         if unread == 0:
-            self.valid = valid.to(device)
             self.logits = torch.stack([s.logits for s in self.streams])
             return
-        self.valid = valid.to(device)
         self.logits = self._forward(ids.to(device), positions.to(device), self.valid.long())
         for r, s in enumerate(self.streams):
             if len(s.ids) == s.fed:  # nothing new: its logits were kept from its last read
