@@ -143,6 +143,11 @@ class Parsed:
         return not self.errors
 
     @property
+    def has_parallel(self) -> bool:
+        """At least one block, and the completion well-formed (the paper's "parallel ratio" event)."""
+        return bool(self.blocks) and self.well_formed
+
+    @property
     def reason(self) -> str | None:
         """Why the completion is malformed (the first error), or None if it is well-formed."""
         return str(self.errors[0]) if self.errors else None
@@ -366,11 +371,7 @@ class Stats:
     total: int  # T: every unit
     critical: int  # D: main + longest path of each block + the rest of each block (tags, summary)
     well_formed: bool
-
-    @property
-    def has_parallel(self) -> bool:
-        """At least one block, and the completion well-formed (the paper's "parallel ratio" event)."""
-        return self.num_blocks > 0 and self.well_formed
+    has_parallel: bool  # see Parsed.has_parallel
 
 
 def stats(parsed: Parsed) -> Stats:
@@ -384,4 +385,5 @@ def stats(parsed: Parsed) -> Stats:
         total=parsed.length,
         critical=parsed.length - saved,
         well_formed=parsed.well_formed,
+        has_parallel=parsed.has_parallel,
     )

@@ -61,7 +61,7 @@ class Completion:
 
     @property
     def parallel(self) -> bool:
-        return self.blocks >= 1 and self.well_formed
+        return self.parsed.has_parallel
 
     @cached_property
     def self_bleu(self) -> float:
