@@ -115,6 +115,19 @@ def isolated_mask(valid: torch.Tensor, block_of: torch.Tensor, path_of: torch.Te
     return mask[:, None]
 
 
+class IsolatedForward:
+    """`model`, called on the isolated structure of the ids it is given (the completion of row i starts at
+    column `completion_start[i]`, or at `completion_start` for every row). The trainers pass it where TRL
+    calls the model; the caller's batch keeps its 2-D attention mask, which TRL also reads elsewhere."""
+
+    def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int):
+        self.model, self.vocab, self.completion_start = model, vocab, completion_start
+
+    def __call__(self, input_ids, attention_mask, **kwargs):
+        structure = isolated_inputs(input_ids, attention_mask, self.completion_start, self.vocab)
+        return self.model(**{**kwargs, "input_ids": input_ids, **structure})  # the structure wins over given positions
+
+
 def check_attention_implementation(model) -> None:
     """The isolated mask is a boolean tensor: SDPA reads it as such (eager attention would add it)."""
     implementation = getattr(model.config, "_attn_implementation", None)

@@ -28,7 +28,7 @@ from trl.models.utils import unwrap_model_for_generation
 from ..format import TagVocab, parse, stats
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend
-from ..structure import check_attention_implementation, isolated_inputs
+from ..structure import IsolatedForward, check_attention_implementation
 from ..tokens import has_parallel_tokens, tag_ids
 
 ROLLOUT_MODES = ("fork", "sequential", "trl")
@@ -91,17 +91,6 @@ class ParallelGRPOConfig(GRPOConfig):
             max_summary_tokens=self.max_summary_tokens,
             max_completion_tokens=self.max_completion_length,
         )
-
-
-class _IsolatedForward:
-    """Calls the model with the isolated structure of the ids it is given (completion from column `start`)."""
-
-    def __init__(self, model, vocab: TagVocab, start: int):
-        self.model, self.vocab, self.start = model, vocab, start
-
-    def __call__(self, input_ids, attention_mask, **kwargs):
-        structure = isolated_inputs(input_ids, attention_mask, self.start, self.vocab)
-        return self.model(input_ids=input_ids, **structure, **kwargs)
 
 
 class ParallelGRPOTrainer(GRPOTrainer):
@@ -188,7 +177,7 @@ class ParallelGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         if self.args.attention == "isolated":
-            model = _IsolatedForward(model, self.tag_vocab, input_ids.size(1) - logits_to_keep)
+            model = IsolatedForward(model, self.tag_vocab, input_ids.size(1) - logits_to_keep)
         return super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )

@@ -25,7 +25,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTConfig, SFTTrainer
 
 from ..format import TAGS, TagVocab
-from ..structure import check_attention_implementation, isolated_inputs
+from ..structure import IsolatedForward, check_attention_implementation
 from ..tokens import add_parallel_tokens
 
 ATTENTION = ("causal", "isolated")
@@ -193,23 +193,12 @@ class ParallelSFTTrainer(SFTTrainer):
                 "replace the attention mask with plain causal attention"
             )
 
-    def structured_inputs(self, inputs: dict) -> dict:
-        """The isolated `position_ids` and 4-D `attention_mask` of a collated batch, from its ids and labels."""
-        return isolated_inputs(
-            inputs["input_ids"], inputs["attention_mask"], completion_starts(inputs["labels"]), self.tag_vocab
-        )
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Isolated: SFTTrainer's loss, with the model called on the batch's isolated structure.
 
         Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
         it after the forward (the token count it logs), and a 4-D mask there would count pairs.
         """
-        if self.args.attention == "causal":
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        structure = self.structured_inputs(inputs)
-
-        def structured_model(**kwargs):
-            return model(**{**kwargs, **structure})
-
-        return super().compute_loss(structured_model, inputs, return_outputs, num_items_in_batch)
+        if self.args.attention == "isolated":
+            model = IsolatedForward(model, self.tag_vocab, completion_starts(inputs["labels"]))
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
