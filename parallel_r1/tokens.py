@@ -42,12 +42,13 @@ def tag_ids(tokenizer) -> dict[str, int]:
     return ids
 
 
+def missing_tags(tokenizer) -> list[str]:
+    """The tags that are not single tokens of `tokenizer`."""
+    return [tag for tag in TAGS if len(tokenizer.encode(tag, add_special_tokens=False)) != 1]
+
+
 def has_parallel_tokens(tokenizer) -> bool:
-    try:
-        tag_ids(tokenizer)
-    except ValueError:
-        return False
-    return True
+    return not missing_tags(tokenizer)
 
 
 def add_parallel_tokens(tokenizer, model=None) -> list[str]:
@@ -55,7 +56,7 @@ def add_parallel_tokens(tokenizer, model=None) -> list[str]:
 
     Returns the tags that were added (empty if the tokenizer already had them all).
     """
-    missing = [tag for tag in TAGS if len(tokenizer.encode(tag, add_special_tokens=False)) != 1]
+    missing = missing_tags(tokenizer)
     if not missing:
         return []
     old_len = len(tokenizer)

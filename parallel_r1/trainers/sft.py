@@ -24,9 +24,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTConfig, SFTTrainer
 
-from ..format import TAGS, TagVocab
+from ..format import TagVocab
 from ..structure import IsolatedForward, check_attention_implementation
-from ..tokens import add_parallel_tokens
+from ..tokens import add_parallel_tokens, missing_tags
 
 ATTENTION = ("causal", "isolated")
 IGNORE = -100  # TRL's label for tokens out of the loss
@@ -88,7 +88,7 @@ def ensure_parallel_tokens(tokenizer, model) -> list[str]:
     resize does. Only tags that fit the embedding's spare rows can be added that way (Qwen3 bases have
     spare rows); needing a resize under ZeRO-3 is refused: make a "-Special" base first.
     """
-    missing = [tag for tag in TAGS if len(tokenizer.encode(tag, add_special_tokens=False)) != 1]
+    missing = missing_tags(tokenizer)
     if not missing or not is_deepspeed_zero3_enabled():
         return add_parallel_tokens(tokenizer, model)
     rows = model.get_input_embeddings().num_embeddings
