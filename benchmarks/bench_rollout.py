@@ -41,6 +41,7 @@ from parallel_r1.format import PARALLEL_OPEN, TAGS, TagVocab, parse, stats
 from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
 from parallel_r1.structure import isolated_inputs
 from parallel_r1.tiny import build_tokenizer
+from parallel_r1.tokens import tag_vocab
 
 logger = logging.getLogger("bench_rollout")
 CONSTANT = 0  # the residual coordinate that carries the constant
@@ -73,7 +74,7 @@ def shaped_model(tokenizer, hidden: int, layers: int, head_dim: int, seed: int =
         attn_implementation="sdpa",
     )
     model = Qwen3ForCausalLM(config).eval()
-    vocab = TagVocab.from_tokenizer(tokenizer)
+    vocab = tag_vocab(tokenizer)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, CONSTANT] = 1.0
         for layer in model.model.layers:
@@ -310,7 +311,7 @@ def main() -> None:
 
     device = torch.device(args.device)
     tokenizer = build_tokenizer()
-    vocab = TagVocab.from_tokenizer(tokenizer)
+    vocab = tag_vocab(tokenizer)
     model = shaped_model(tokenizer, args.hidden, args.layers, args.head_dim).to(device, getattr(torch, args.dtype))
     counter = WorkCounter(model)
     logger.info("model: %.1fM parameters on %s", model.num_parameters() / 1e6, device)

@@ -19,7 +19,10 @@ completion is well-formed when the list is empty. The rules are the official tag
   summary means the rollout was cut and the merge step never finished.
 - Only whitespace may stand between `<Parallel>`, the paths and `</Parallel>`, and between
   `</Parallel>` and `<Summary>` (the official check tolerates any text there): text outside a
-  path belongs to no path, so the Unseen structure could not say what may see it.
+  path belongs to no path, so the Unseen structure could not say what may see it. Whitespace
+  means ASCII whitespace (`BLANK`), in both parsers: a token is blank when its text is, and a
+  run of tokens is blank exactly when its text is (a multi-byte space such as U+00A0 is text in
+  both, whichever way a tokenizer splits its bytes).
 - Any tag inside a path or a summary is an error (a nested block, a path without a block, ...):
   nested blocks are not part of the method and the official check's stack accepts some of them.
 """
@@ -40,12 +43,18 @@ TAGS = (PARALLEL_OPEN, PARALLEL_CLOSE, PATH_OPEN, PATH_CLOSE, SUMMARY_OPEN, SUMM
 MIN_PATHS = 2
 
 Content = str | tuple  # text, or a tuple of token ids
+BLANK = frozenset(" \t\n\r\f\v")
 _TAG_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
+
+
+def is_blank(text: str) -> bool:
+    """Non-empty and ASCII whitespace only."""
+    return bool(text) and all(c in BLANK for c in text)
 
 
 @dataclass(frozen=True)
 class TagVocab:
-    """The token ids of the tags, and which ids decode to whitespace only."""
+    """The token ids of the tags, and which ids decode to whitespace only (`tokens.tag_vocab` reads them)."""
 
     ids: dict  # tag -> id
     blank_ids: frozenset = frozenset()
@@ -53,19 +62,6 @@ class TagVocab:
     @cached_property
     def tag_of(self) -> dict:
         return {i: t for t, i in self.ids.items()}
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer) -> TagVocab:
-        from .tokens import tag_ids
-
-        ids = tag_ids(tokenizer)
-        vocab = tokenizer.get_vocab()
-        blank = frozenset(
-            i
-            for tok, i in vocab.items()
-            if i not in ids.values() and tokenizer.convert_tokens_to_string([tok]).isspace()
-        )
-        return cls(ids=ids, blank_ids=blank)
 
 
 @dataclass(frozen=True)
@@ -170,13 +166,24 @@ def _units_from_ids(ids, vocab: TagVocab):
 
 def parse(completion: str | list | tuple, vocab: TagVocab | None = None) -> Parsed:
     """Parse a completion (text, or token ids with the `vocab` of their tokenizer)."""
+    return _run(completion, vocab)
+
+
+def parser_states(completion_ids, vocab: TagVocab) -> list[str]:
+    """The parser's state before each token: main, block, path, after_block or summary (see `_Parser`)."""
+    trace: list = []
+    _run(list(completion_ids), vocab, trace)
+    return trace
+
+
+def _run(completion, vocab, trace: list | None = None) -> Parsed:
     if isinstance(completion, str):
-        return _Parser(is_ids=False, blank=str.isspace).run(_units_from_text(completion))
+        return _Parser(is_ids=False, blank=is_blank).run(_units_from_text(completion), trace)
     if vocab is None:
         raise ValueError("parse() needs the TagVocab of the tokenizer to read token ids")
     ids = tuple(int(i) for i in completion)
     blank = lambda unit: all(i in vocab.blank_ids for i in unit)  # noqa: E731
-    return _Parser(is_ids=True, blank=blank).run(_units_from_ids(ids, vocab))
+    return _Parser(is_ids=True, blank=blank).run(_units_from_ids(ids, vocab), trace)
 
 
 class _Parser:
@@ -192,14 +199,24 @@ class _Parser:
         self.state = "main"
         self.block: Block | None = None
         self.after_summary = False  # only whitespace since the last closed summary
+        self.run_start = 0  # where the current run of non-tag units began
 
     def error(self, code: str, at: int, message: str) -> None:
+        """Record a broken rule, once per run of units between two tags (a text parse reads such a run as one
+        unit, an id parse as one unit per token: both report it once)."""
+        last = self.errors[-1] if self.errors else None
+        if last is not None and last.code == code and last.at >= self.run_start:
+            return
         self.errors.append(FormatError(code, at, message))
 
-    def run(self, units) -> Parsed:
+    def run(self, units, trace: list | None = None) -> Parsed:
         for unit, tag in units:
+            if trace is not None:
+                trace.append(self.state)
             getattr(self, "in_" + self.state)(unit, tag)
             self.pos += len(unit)
+            if tag is not None:
+                self.run_start = self.pos
         self.finish()
         return Parsed(self.nodes, self.errors, self.pos, self.is_ids)
 

@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from .format import TAGS
+from .format import TAGS, TagVocab, is_blank
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,18 @@ def tag_ids(tokenizer) -> dict[str, int]:
             + ". Add them with parallel_r1.tokens.add_parallel_tokens (or scripts/add_special_tokens.py)."
         )
     return ids
+
+
+def tag_vocab(tokenizer) -> TagVocab:
+    """The tags' ids in `tokenizer` and the ids whose text is blank (raises like `tag_ids` if a tag is missing)."""
+    ids = tag_ids(tokenizer)
+    tags = set(ids.values())
+    blank = frozenset(
+        i
+        for tok, i in tokenizer.get_vocab().items()
+        if i not in tags and is_blank(tokenizer.convert_tokens_to_string([tok]))
+    )
+    return TagVocab(ids=ids, blank_ids=blank)
 
 
 def missing_tags(tokenizer) -> list[str]:

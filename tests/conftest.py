@@ -13,8 +13,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from parallel_r1.format import TagVocab
 from parallel_r1.tiny import save_tiny
+from parallel_r1.tokens import tag_vocab
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -66,4 +66,4 @@ def tag_prone(tag_prone_dir):
     """(directory, model in eval mode, tokenizer, TagVocab) of the tag-prone tiny model."""
     tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
     model = AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32").eval()
-    return tag_prone_dir, model, tokenizer, TagVocab.from_tokenizer(tokenizer)
+    return tag_prone_dir, model, tokenizer, tag_vocab(tokenizer)

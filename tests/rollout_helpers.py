@@ -2,8 +2,9 @@
 
 import torch
 
+from parallel_r1.grammar import Grammar, GrammarForward
 from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
-from parallel_r1.structure import isolated_inputs
+from parallel_r1.structure import IsolatedForward
 
 QUESTIONS = [
     "What is 2+2?",
@@ -29,14 +30,17 @@ def prompts(tokenizer):
     return [tokenizer.encode(q, add_special_tokens=False) for q in QUESTIONS]
 
 
-def trainer_logprobs(model, rollout, vocab, isolated):
-    """The log-probs the trainer computes from the ids alone (structure recomputed from the ids)."""
+def trainer_logprobs(setup, rollout, isolated, max_blocks=4, grammar=True):
+    """The log-probs the trainer computes from the ids alone, with the trainer's own forward: structure and
+    grammar (for this `max_blocks`) recomputed from the ids. `grammar=False`: the raw model distribution."""
+    _, model, tokenizer, vocab = setup
     ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])
-    inputs = {"attention_mask": torch.ones_like(ids)}
-    if isolated:
-        inputs = isolated_inputs(ids, inputs["attention_mask"], len(rollout.prompt_ids), vocab)
-    with torch.no_grad():
-        logits = model(input_ids=ids, **inputs).logits[0].float()
     start = len(rollout.prompt_ids)
+    forward = IsolatedForward(model, vocab, start) if isolated else model
+    with torch.no_grad():
+        if grammar:
+            rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), max_blocks)
+            return GrammarForward(forward, rule, start, temperature=1.0)(ids, torch.ones_like(ids)).log_probs[0]
+        logits = forward(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
     logprobs = torch.log_softmax(logits[start - 1 : -1], -1)
     return logprobs.gather(-1, torch.tensor(rollout.completion_ids)[:, None]).squeeze(-1)

@@ -18,6 +18,7 @@ from parallel_r1.format import (
     stats,
     strip_tags,
 )
+from parallel_r1.tokens import tag_vocab
 
 P, PC, A, AC, S, SC = TAGS
 GOOD = f"Let x be 3.{P}{A}x+1=4{AC}{A}4-x=1{AC}{PC}\n{S}both give 4{SC} so Final Answer: 4"
@@ -118,7 +119,7 @@ def test_strip_tags():
 
 
 def test_id_parse_agrees_with_text_parse(tiny_tokenizer):
-    vocab = TagVocab.from_tokenizer(tiny_tokenizer)
+    vocab = tag_vocab(tiny_tokenizer)
     rows = [json.loads(line) for line in open(DATA_DIR / "parallel_gsm8k_sample.jsonl")][:40]
     for text in [GOOD, f"{P}{A}a{AC}{A}b", f"x{AC}{P}{A}a{AC}\n\n{A}b{AC}{PC}\n{S}s{SC}"] + [
         r["response"] for r in rows
@@ -191,3 +192,24 @@ def test_any_id_sequence_parses_and_round_trips(ids):
     vocab = TagVocab(ids={tag: i for i, tag in enumerate(TAGS)}, blank_ids=frozenset({6}))
     parsed = parse(ids, vocab)
     assert serialize(parsed, vocab) == tuple(ids)
+
+
+SPACES = [" ", "\n", "\t", "\r\n", "\u00a0", "\u2003", "\u3000", "\u200b", " \u00a0 "]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(list(TAGS) + SPACES + ["x", "7 ", "é"]), max_size=14))
+def test_text_and_id_parsers_agree_on_whitespace(tiny_tokenizer, pieces):
+    """Whitespace is ASCII whitespace in both parsers, so a multi-byte space (split into byte tokens or not) is
+    text in both: the two parses report the same errors for the same completion."""
+    text = "".join(pieces)
+    ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+    assert tiny_tokenizer.decode(ids) == text
+    by_ids = parse(ids, tag_vocab(tiny_tokenizer))
+    assert [e.code for e in by_ids.errors] == codes(text)
+    assert stats(by_ids).paths_per_block == stats(parse(text)).paths_per_block
+
+
+def test_a_non_breaking_space_between_paths_is_text():
+    text = f"{P}{A}a{AC}\u00a0{A}b{AC}{PC}\n{S}s{SC}"
+    assert codes(text) == ["text_between_paths"]

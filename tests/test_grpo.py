@@ -13,9 +13,11 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.data import build_prompt
-from parallel_r1.format import TAGS, TagVocab, parse
+from parallel_r1.format import TAGS, parse
+from parallel_r1.grammar import Grammar, masked_logps
 from parallel_r1.rewards import get_reward_funcs
 from parallel_r1.structure import isolated_inputs
+from parallel_r1.tokens import tag_vocab
 from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -72,8 +74,8 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
         seen.extend(c[0]["content"] for c in completions)
         return length_reward(completions)
 
-    # no block limit: a banned <Parallel> is the documented inexact case (tests/test_rollout.py)
-    args = config(tmp_path, attention=attention, rollout_mode=mode, max_blocks=100)
+    # the block limit is reached often (tag-prone model): its ban is re-applied by the trainer's forward
+    args = config(tmp_path, attention=attention, rollout_mode=mode, max_blocks=1)
     trainer = trainer_for(tag_prone_dir, args, dataset, [recording_reward])
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -82,8 +84,9 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
     for entry in logs:
         for key in ("parallel/blocks_per_completion", "parallel/format_valid", "parallel/tokens_critical"):
             assert key in entry
-        # the sampler's log-probs are the trainer's: exact pairs (engine and structure agree)
+        # the sampler's log-probs are the trainer's: exact pairs (engine, structure and grammar agree)
         assert entry["sampling/sampling_logp_difference/max"] < 1e-4
+    assert max(entry["parallel/blocks_per_completion"] for entry in logs) > 0
     # the reward functions received the completions with their tags as text, and so did the completions table
     assert any(tag in text for text in seen for tag in TAGS)
     table = [str(completion) for completion in trainer._logs["completion"]]
@@ -122,7 +125,7 @@ def test_inserted_tokens_get_no_gradient(tmp_path, tag_prone_dir, dataset):
 def test_isolated_log_probs_are_the_structure_forward(tmp_path, tag_prone_dir, dataset):
     trainer = trainer_for(tag_prone_dir, config(tmp_path, max_completion_length=64), dataset)
     batch = _batch(trainer)
-    vocab = TagVocab.from_tokenizer(trainer.processing_class)
+    vocab = tag_vocab(trainer.processing_class)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     width = batch["completion_ids"].size(1)
@@ -132,10 +135,14 @@ def test_isolated_log_probs_are_the_structure_forward(tmp_path, tag_prone_dir, d
         structure = isolated_inputs(ids, mask, ids.size(1) - width, vocab)
         logits = trainer.model(input_ids=ids, **structure).logits[:, -width - 1 : -1].float()
         plain = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float()
-    target = batch["completion_ids"][..., None]
-    expected = torch.log_softmax(logits, -1).gather(-1, target).squeeze(-1)
-    causal = torch.log_softmax(plain, -1).gather(-1, target).squeeze(-1)
     real = batch["completion_mask"].bool()
+    grammar = Grammar(vocab, frozenset({trainer.processing_class.eos_token_id}), trainer.args.max_blocks)
+    bans = torch.zeros((*real.shape, len(grammar.controlled)), dtype=torch.bool)
+    for row, m in enumerate(real):
+        bans[row, m] = grammar.ban_matrix(batch["completion_ids"][row, m].tolist())
+    target = batch["completion_ids"]
+    expected, _ = masked_logps(logits, target, bans, grammar.controlled, temperature=1.0)
+    causal, _ = masked_logps(plain, target, bans, grammar.controlled, temperature=1.0)
     torch.testing.assert_close(logps[real], expected[real], atol=1e-5, rtol=0)
     has_block = [bool(parse(row[m].tolist(), vocab).blocks) for row, m in zip(batch["completion_ids"], real)]
     assert any(has_block)
@@ -151,6 +158,54 @@ def test_bad_settings_fail_at_start(tmp_path):
         config(tmp_path, rollout_mode="trl", attention="isolated")
     with pytest.raises(ValueError, match="num_paths"):
         config(tmp_path, num_paths=0)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        dict(top_p=0.9),
+        dict(top_k=20),
+        dict(min_p=0.05),
+        dict(repetition_penalty=1.1),
+        dict(generation_kwargs={"seed": 1}),
+    ],
+)
+def test_sampling_options_the_trainer_cannot_reproduce_are_refused(tmp_path, option):
+    (name,) = option
+    with pytest.raises(ValueError, match=f"^{name}=.*training forward"):
+        config(tmp_path, **option)
+    config(tmp_path, rollout_mode="trl", attention="causal", **option)  # TRL's own generation: TRL's business
+
+
+def test_rewards_score_the_tag_ids_not_text_that_spells_them(tmp_path, tag_prone_dir, dataset):
+    """Through TRL's reward call: the same text, once with tag ids and once with the tags spelled in ordinary
+    tokens, gets the parallel rewards only in the first case."""
+    tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
+    rewards = get_reward_funcs(["tiered", "parallel", "well_formed"], tokenizer=tokenizer)
+    trainer = trainer_for(tag_prone_dir, config(tmp_path), dataset, rewards)
+    text = f"Add.{TAGS[0]}{TAGS[2]}2+3=5{TAGS[3]}{TAGS[2]}5{TAGS[3]}{TAGS[1]}\n{TAGS[4]}5{TAGS[5]}\nFinal Answer: 5"
+    with_tags = tokenizer.encode(text, add_special_tokens=False)
+    spelled = []
+    for piece in _pieces(text):
+        spelled += tokenizer.encode(piece, add_special_tokens=False)
+    vocab = tag_vocab(tokenizer)
+    assert any(i in vocab.tag_of for i in with_tags) and not any(i in vocab.tag_of for i in spelled)
+    assert tokenizer.decode(with_tags) == tokenizer.decode(spelled) == text
+    completions = [
+        [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}]
+        for ids in (with_tags, spelled)
+    ]
+    inputs = [{"prompt": build_prompt("Add 2 and 3."), "answer": "5"}] * 2
+    rewards = trainer._calculate_rewards(inputs, [i["prompt"] for i in inputs], completions, [with_tags, spelled])
+    tiered, parallel, well_formed = rewards.T.tolist()
+    assert tiered == pytest.approx([1.2, 1.0]) and parallel == [1.0, 0.0] and well_formed == [1.0, 1.0]
+
+
+def _pieces(text):
+    """`text` cut inside every tag, so that no piece holds a whole tag."""
+    for tag in TAGS:
+        text = text.replace(tag, tag[:3] + "\0" + tag[3:])
+    return text.split("\0")
 
 
 def test_a_tokenizer_without_tags_is_refused(tmp_path, dataset):
@@ -202,5 +257,5 @@ def test_accelerate_launch_runs_the_tiny_recipe(tmp_path, tag_prone_dir):
     log = result.stdout + result.stderr
     assert "parallel/ratio" in log and "schedule/alternating" in log
     assert (out / "model.safetensors").exists()
-    saved, given = (TagVocab.from_tokenizer(AutoTokenizer.from_pretrained(d)).ids for d in (out, tag_prone_dir))
+    saved, given = (tag_vocab(AutoTokenizer.from_pretrained(d)).ids for d in (out, tag_prone_dir))
     assert saved == given

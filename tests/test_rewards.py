@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from transformers import TrainerState
 from trl.trainer.utils import get_callable_name
 
-from parallel_r1.format import TAGS, TagVocab, canonical_block
+from parallel_r1.format import TAGS, canonical_block
 from parallel_r1.rewards import REWARDS, get_reward_funcs
 from parallel_r1.rewards.diversity import MAX_PATH_CHARS, block_self_bleu
+from parallel_r1.tokens import tag_vocab
 
 GOLD = "18"
 SAME = "add the two numbers together"  # two equal paths: self-BLEU 1
@@ -93,7 +94,7 @@ def test_efficiency_in_characters():
 
 
 def test_efficiency_in_tokens(tiny_tokenizer):
-    vocab = TagVocab.from_tokenizer(tiny_tokenizer)
+    vocab = tag_vocab(tiny_tokenizer)
     (reward,) = get_reward_funcs(["efficiency_bonus"], tokenizer=tiny_tokenizer)
     tag = vocab.ids
     short, long = tiny_tokenizer.encode("one way"), tiny_tokenizer.encode("another longer way round")
@@ -165,7 +166,7 @@ def test_rewards_and_schedules_survive_pickling(tiny_tokenizer):
     kwargs = {"completions": texts, "answer": [GOLD] * len(texts), "trainer_state": state}
     for original, copy in zip(funcs, copies):
         assert copy(**kwargs) == original(**kwargs)
-    assert copies[-1].steps_per_batch == 2 and copies[0].vocab == TagVocab.from_tokenizer(tiny_tokenizer)
+    assert copies[-1].steps_per_batch == 2 and copies[0].vocab == tag_vocab(tiny_tokenizer)
 
 
 @pytest.mark.parametrize(

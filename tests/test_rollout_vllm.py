@@ -75,7 +75,7 @@ def test_isolated_paths_are_exact_and_the_summary_mismatch_is_measured(tag_prone
         end_of_paths = blocks[0].close_at if blocks else len(b.completion_ids)
         assert a.completion_ids[:end_of_paths] == b.completion_ids[:end_of_paths]
         sampled = torch.tensor(b.env_mask).bool()
-        recomputed = trainer_logprobs(model, b, vocab, isolated=True)
+        recomputed = trainer_logprobs(tag_prone, b, isolated=True)
         gap = (recomputed - torch.tensor(b.logprobs)).abs()
         assert gap[:end_of_paths][sampled[:end_of_paths]].max() < 1e-4  # before the first join: exact
         gaps.append(gap[sampled].max().item())
@@ -101,13 +101,19 @@ def test_forks_hit_the_prefix_cache(tag_prone, llm):
     assert any(len({path.body for path in block.paths}) > 1 for block in blocks)
 
 
-def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm):
-    """Sampling (not greedy) under the causal structure: vLLM's processed log-probs are the trainer's."""
+@pytest.mark.parametrize("max_blocks", [1, 100])
+def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, max_blocks):
+    """Sampling (not greedy) under the causal structure: vLLM's processed log-probs, with the grammar's bans as
+    true bans, are the trainer's (grammar re-applied from the ids), also after the block limit."""
     _, model, tokenizer, vocab = tag_prone
     backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
-    for r in vllm_engine(tag_prone, backend, attention="causal", mode="sequential").generate(prompts(tokenizer)):
+    engine_ = vllm_engine(tag_prone, backend, attention="causal", mode="sequential", max_blocks=max_blocks)
+    rollouts = engine_.generate(prompts(tokenizer))
+    assert any(r.blocks == 1 for r in rollouts)  # with max_blocks=1: completions that reached the limit
+    for r in rollouts:
+        assert engine_.grammar.violations(r.completion_ids) == []
         sampled = torch.tensor(r.env_mask).bool()
-        recomputed = trainer_logprobs(model, r, vocab, isolated=False)
+        recomputed = trainer_logprobs(tag_prone, r, isolated=False, max_blocks=max_blocks)
         torch.testing.assert_close(recomputed[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-4, rtol=0)
 
 
@@ -154,10 +160,11 @@ def _healthy(url: str) -> bool:
 
 
 def test_server_mode_generates_the_same_rollouts(tag_prone, server):
-    """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process."""
-    _, _, tokenizer, _ = tag_prone
+    """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process (the
+    grammar's bans go as allowed_token_ids, since the HTTP API clamps logit biases to -100)."""
+    _, model, tokenizer, _ = tag_prone
     ours = engine(tag_prone, temperature=0.0, attention="causal", mode="fork").generate(prompts(tokenizer))
-    backend = VLLMBackend(client=server, sampling=Sampling(temperature=0.0))
+    backend = VLLMBackend(client=server, sampling=Sampling(temperature=0.0), vocab_size=model.config.vocab_size)
     theirs = vllm_engine(tag_prone, backend, attention="causal", mode="fork").generate(prompts(tokenizer))
     assert any(r.blocks for r in theirs)
     for a, b in zip(ours, theirs):

@@ -5,6 +5,7 @@ import torch
 
 from parallel_r1.format import TagVocab
 from parallel_r1.structure import check_attention_implementation, completion_layout, isolated_inputs
+from parallel_r1.tokens import tag_vocab
 
 P, PC, A, AC, S, SC, X = "<Parallel>", "</Parallel>", "<Path>", "</Path>", "<Summary>", "</Summary>", "x"
 
@@ -112,7 +113,7 @@ def _logits(model, input_ids, **kwargs):
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_path_is_computed_as_if_it_were_alone(tiny_model, tiny_tokenizer, k):
     """Each path's logits under the isolated structure equal those of `prefix <Parallel><Path>path` alone."""
-    vocab = TagVocab.from_tokenizer(tiny_tokenizer)
+    vocab = tag_vocab(tiny_tokenizer)
     prompt = _encode(tiny_tokenizer, "How many apples are left?")
     prefix = _encode(tiny_tokenizer, "First count them.") + [vocab.ids[P]]
     bodies = [_encode(tiny_tokenizer, t) for t in ("There are 3 red ones", "Add the green", "Or subtract 2 now")][:k]
@@ -136,7 +137,7 @@ def test_a_path_is_computed_as_if_it_were_alone(tiny_model, tiny_tokenizer, k):
 
 
 def test_isolation_holds_in_a_left_padded_batch(tiny_model, tiny_tokenizer):
-    vocab = TagVocab.from_tokenizer(tiny_tokenizer)
+    vocab = tag_vocab(tiny_tokenizer)
     pad = tiny_tokenizer.pad_token_id
     prompts = [
         _encode(tiny_tokenizer, "Short question?"),

@@ -1,16 +1,21 @@
-"""One completion as the rewards see it: its text (tags included), its reference, and facts computed on demand.
+"""One completion as the rewards see it: its ids and text, its reference, and facts computed on demand.
+
+The structure is read from the token ids whenever TRL passes them (`completion_ids`) and the tokenizer has
+the tags: those are the ids that are trained, and a tag spelled with ordinary tokens is plain text there,
+however it decodes. The text (TRL's decoding of the same ids) is read only for the final answer, and for the
+structure when no ids are given (external text, a tokenizer without the tags).
 
 - `correct`: the final answer matches the reference (`answers.is_correct`, bounded in time).
-- `blocks` (P): the blocks the text opens, well-formed or not; `well_formed` (F): `format.parse` finds no error;
-  `parallel`: P >= 1 and F (the paper's parallel-ratio event).
-- `self_bleu`: how alike the paths are (`diversity.self_bleu`).
+- `blocks` (P): the blocks the completion opens, well-formed or not; `well_formed` (F): `format.parse` finds
+  no error; `parallel`: P >= 1 and F (the paper's parallel-ratio event).
+- `self_bleu`: how alike the paths are (`diversity.self_bleu`, on the paths' decoded text).
 - `efficiency`: g = max((T - V) / T, 0) of a parallel completion, T its total length and V its critical path
-  (`format.stats`), 0 for any other. Units: tokens (each tag one token) when the completion's ids and the
-  tokenizer's `TagVocab` are known, characters of the text otherwise.
+  (`format.stats`), 0 for any other. Units: tokens for an id parse, characters for a text parse.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -42,6 +47,7 @@ class Completion:
     reference: object = None
     ids: list | tuple | None = None
     vocab: TagVocab | None = None
+    decode: Callable | None = None  # ids -> text, to read the paths of an id parse
 
     @cached_property
     def correct(self) -> bool:
@@ -49,6 +55,8 @@ class Completion:
 
     @cached_property
     def parsed(self) -> Parsed:
+        if self.ids is not None and self.vocab is not None:
+            return parse(self.ids, self.vocab)
         return parse(self.text)
 
     @property
@@ -65,11 +73,11 @@ class Completion:
 
     @cached_property
     def self_bleu(self) -> float:
-        return self_bleu(self.parsed)
+        return self_bleu(self.parsed, self.decode)
 
     @cached_property
     def efficiency(self) -> float:
         if not self.parallel:
             return 0.0
-        shape = stats(parse(self.ids, self.vocab) if self.ids is not None and self.vocab is not None else self.parsed)
+        shape = stats(self.parsed)
         return max((shape.total - shape.critical) / shape.total, 0.0) if shape.total else 0.0

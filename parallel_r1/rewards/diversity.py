@@ -12,6 +12,7 @@ paths of the first `MAX_BLOCKS` blocks are read (at most 4 x 6 pairs of 2,000 ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import combinations
 
 import sacrebleu
@@ -32,9 +33,12 @@ def block_self_bleu(paths: list[str]) -> float:
     return min(sum(scores) / len(scores), 1.0)
 
 
-def self_bleu(parsed: Parsed) -> float:
-    """Mean block self-BLEU over the closed blocks of a text parse; 1.0 when there is none."""
+def self_bleu(parsed: Parsed, decode: Callable | None = None) -> float:
+    """Mean block self-BLEU over the closed blocks; 1.0 when there is none. An id parse needs `decode`."""
+    if parsed.is_ids and decode is None:
+        raise ValueError("self_bleu of an id parse needs decode (the tokenizer's ids -> text)")
+    text = decode if parsed.is_ids else str
     blocks = [b for b in parsed.blocks if b.closed][:MAX_BLOCKS]
     if not blocks:
         return 1.0
-    return sum(block_self_bleu([p.body for p in b.paths if p.closed]) for b in blocks) / len(blocks)
+    return sum(block_self_bleu([text(p.body) for p in b.paths if p.closed]) for b in blocks) / len(blocks)

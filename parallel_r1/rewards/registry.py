@@ -13,8 +13,9 @@ Specs are read with `ast` (never evaluated); anything else is a ValueError that 
 from __future__ import annotations
 
 import ast
+import functools
 
-from ..format import TagVocab
+from ..tokens import has_parallel_tokens, tag_vocab
 from .schedules import alternating, switch
 from .variants import ALL, Reward
 
@@ -25,30 +26,33 @@ SCHEDULES = {"alternating": alternating, "switch": switch}
 def get_reward_funcs(specs: list, tokenizer=None, steps_per_batch: int = 1) -> list:
     """The reward functions for `specs` (names or schedule calls; callables pass through unchanged).
 
-    `tokenizer` (with the six tags) lets `efficiency_bonus` count tokens instead of characters;
+    With a `tokenizer` that has the six tags, rewards read each completion's structure from the ids TRL
+    passes (`completion_ids`); without one (or without the tags) from its text.
     `steps_per_batch` is the number of optimizer steps per generated batch (see `schedules`).
     """
-    vocab = TagVocab.from_tokenizer(tokenizer) if tokenizer is not None else None
-    return [spec if callable(spec) else _build_spec(spec, vocab, steps_per_batch) for spec in specs]
+    tags = None
+    if tokenizer is not None and has_parallel_tokens(tokenizer):
+        tags = (tag_vocab(tokenizer), functools.partial(tokenizer.decode, skip_special_tokens=True))
+    return [spec if callable(spec) else _build_spec(spec, tags, steps_per_batch) for spec in specs]
 
 
-def _build_spec(spec, vocab, steps_per_batch):
+def _build_spec(spec, tags, steps_per_batch):
     if not isinstance(spec, str):
         raise ValueError(f"a reward spec must be a name or a schedule call, got {spec!r}")
     try:
         tree = ast.parse(spec.strip(), mode="eval").body
     except SyntaxError as error:
         raise ValueError(f"reward spec {spec!r} does not parse: {error.msg}") from None
-    return _build(tree, spec, vocab, steps_per_batch)
+    return _build(tree, spec, tags, steps_per_batch)
 
 
-def _build(node, spec, vocab, steps_per_batch):
+def _build(node, spec, tags, steps_per_batch):
     if isinstance(node, ast.Name):
         if node.id not in REWARDS:
             raise ValueError(f"unknown reward {node.id!r} in {spec!r}; known rewards: {', '.join(REWARDS)}")
-        return REWARDS[node.id].with_vocab(vocab)
+        return REWARDS[node.id].with_tags(*(tags or (None, None)))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SCHEDULES:
-        rewards = [_build(arg, spec, vocab, steps_per_batch) for arg in node.args]
+        rewards = [_build(arg, spec, tags, steps_per_batch) for arg in node.args]
         options = {}
         for keyword in node.keywords:
             try:

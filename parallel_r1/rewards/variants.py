@@ -33,17 +33,18 @@ class Reward:
     low: float
     high: float  # math.inf when unbounded
     needs_answer: bool = True
-    vocab: TagVocab | None = None  # to measure efficiency in tokens
+    vocab: TagVocab | None = None  # the tokenizer's tags: completions are read from their ids
+    decode: Callable | None = None  # the tokenizer's ids -> text, for the paths' text
 
     @property
     def __name__(self) -> str:  # TRL names the reward's metrics after it
         return self.name
 
-    def with_vocab(self, vocab: TagVocab | None) -> Reward:
-        return replace(self, vocab=vocab)
+    def with_tags(self, vocab: TagVocab | None, decode: Callable | None) -> Reward:
+        return replace(self, vocab=vocab, decode=decode)
 
     def __reduce__(self):  # pickled by name (TRL's async GRPO sends rewards to a child process)
-        return _module_reward, (self.rule.__module__, self.name, self.vocab)
+        return _module_reward, (self.rule.__module__, self.name, self.vocab, self.decode)
 
     def __call__(self, prompts=None, completions=(), completion_ids=None, answer=None, **kwargs) -> list:
         n = len(completions)
@@ -56,7 +57,8 @@ class Reward:
                 f"reward '{self.name}': {n} completions but {len(answers)} answers and {len(ids)} id lists"
             )
         return [
-            self.score(Completion(completion_text(c), a, i, self.vocab)) for c, a, i in zip(completions, answers, ids)
+            self.score(Completion(completion_text(c), a, i, self.vocab, self.decode))
+            for c, a, i in zip(completions, answers, ids)
         ]
 
     def score(self, completion: Completion) -> float | None:
@@ -67,8 +69,8 @@ class Reward:
             return None
 
 
-def _module_reward(module: str, name: str, vocab: TagVocab | None) -> Reward:
-    return getattr(importlib.import_module(module), name).with_vocab(vocab)
+def _module_reward(module: str, name: str, vocab: TagVocab | None, decode: Callable | None) -> Reward:
+    return getattr(importlib.import_module(module), name).with_tags(vocab, decode)
 
 
 def reward(low: float, high: float, needs_answer: bool = True):

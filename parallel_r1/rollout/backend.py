@@ -34,9 +34,9 @@ class Sampling:
 class Segment:
     """One stream to continue.
 
-    Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` (kept)
-    or in `end_ids` (kept if there is no `closer`, else replaced by it). A `closer` is also forced
-    when the budget runs out. `banned` tokens are never sampled.
+    Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` or
+    `end_ids` (kept; finish "stop" or "end"). When the budget runs out first, the `closer` (if any) is
+    appended as an inserted token. `banned` tokens are never sampled (their probability is 0).
     """
 
     stream: Any
@@ -78,14 +78,9 @@ def finish_segment(segment: Segment, tokens: list[int], logprobs: list[float]) -
     tokens, logprobs = list(tokens[: segment.max_new]), list(logprobs[: segment.max_new])
     out = Decoded(tokens=tokens, logprobs=logprobs, sampled=[True] * len(tokens))
     last = tokens[-1] if tokens else None
-    if last in segment.stop_ids:
-        out.finish = "stop"
+    if last in segment.stop_ids or last in segment.end_ids:
+        out.finish = "stop" if last in segment.stop_ids else "end"
         return out
-    if last in segment.end_ids:
-        out.finish = "end"
-        if segment.closer is None:
-            return out
-        tokens.pop(), logprobs.pop(), out.sampled.pop()
     if segment.closer is not None:
         tokens.append(segment.closer)
         logprobs.append(0.0)

@@ -3,21 +3,24 @@
 Each completion moves through three phases, all completions of a call together:
 
     main     decode until <Parallel> or EOS
-    paths    fork K streams, each = context + <Path> (inserted), decode until </Path> or EOS;
-             a path cut by its budget or ended by EOS is closed with an inserted </Path>
-    summary  join the paths, insert </Parallel> \\n <Summary>, decode until </Summary>
-             (closed the same way if cut), then back to main
+    paths    num_paths paths, each = context + <Path> (inserted), decoded until </Path>;
+             a path cut by its budget is closed with an inserted </Path>
+    summary  insert </Parallel> \\n <Summary>, decode until </Summary> (closed the same way if cut),
+             then back to main
+
+`fork` decodes the paths of a block concurrently, each from the context alone (the backend forks the
+stream and joins the paths afterwards); `sequential` decodes them one after the other in the same stream,
+so each path reads the earlier ones (the causal "Seen" policy, exactly). Everything else is the same in
+both modes: the same inserted tokens, the same budgets, the same number of paths per block.
 
 Rules:
-- After `max_blocks` blocks, <Parallel> can no longer be sampled in the main text (it is banned,
-  and the sampler's log-probs say so), so the final answer is never cut by the block limit.
+- What may be sampled is the tag grammar's (`parallel_r1.grammar`), applied to every segment on every
+  backend: after `max_blocks` blocks <Parallel> is banned (so the final answer is never cut by the block
+  limit); inside a path or a summary only its closer may be sampled, and no EOS.
 - The completion never exceeds `max_completion_tokens`: a block that would overflow is cut there
   (what is kept was sampled exactly as kept).
 - Inserted tokens carry env_mask 0 and log-prob 0.0; sampled tokens carry env_mask 1 and the
-  sampler's log-prob. An EOS sampled inside a path or a summary ends it and is dropped (the closer
-  is inserted in its place), so a completion holds at most one EOS, at its end.
-- `sequential` mode never forks: the model writes its blocks itself in one decode (the causal
-  "Seen" policy, exactly); blocks are still counted and limited the same way.
+  sampler's log-prob. A completion holds at most one EOS, at its end.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Literal
 
 from tqdm.auto import tqdm
 
-from ..format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
+from ..format import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
+from ..grammar import Grammar
 from .backend import Backend, Decoded, Segment
 
 
@@ -75,14 +79,15 @@ class _State:
     rollout: Rollout
     stream: object
     phase: str = "main"  # main, paths, summary, done
-    children: list = field(default_factory=list)
+    children: list = field(default_factory=list)  # fork: the paths being decoded
+    paths_done: int = 0  # sequential: paths of the current block already decoded
 
 
 class ForkJoinEngine:
     def __init__(self, backend: Backend, vocab: TagVocab, eos_ids, separator_ids: list[int], config: RolloutConfig):
         self.backend, self.config = backend, config
         self.tag = vocab.ids
-        self.eos = frozenset(eos_ids)
+        self.grammar = Grammar(vocab, frozenset(eos_ids), config.max_blocks)
         self.separator = list(separator_ids)
 
     def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:
@@ -107,31 +112,30 @@ class ForkJoinEngine:
         return [s.rollout for s in states]
 
     # -- what each phase asks the backend
+    def _segment(self, stream, phase: str, blocks: int, max_new: int, closer: int | None = None) -> Segment:
+        """Decode `stream` in `phase`: the grammar's allowed tags stop it, its allowed EOS ends it, the rest is banned."""
+        allowed = self.grammar.allowed(phase, blocks)
+        eos = self.grammar.eos_ids
+        return Segment(
+            stream,
+            max_new=max_new,
+            stop_ids=allowed - eos,
+            end_ids=allowed & eos,
+            closer=closer,
+            banned=frozenset(self.grammar.controlled) - allowed,
+        )
+
     def _segments(self, state: _State) -> list[Segment]:
         cfg, rollout = self.config, state.rollout
         room = cfg.max_completion_tokens - len(rollout.completion_ids)
         if state.phase == "main":
-            more_blocks = rollout.blocks < cfg.max_blocks
-            opener = frozenset({self.tag[PARALLEL_OPEN]})
-            return [
-                Segment(
-                    state.stream,
-                    max_new=room,
-                    stop_ids=opener if more_blocks else frozenset(),
-                    end_ids=self.eos,
-                    banned=frozenset() if more_blocks else opener,
-                )
-            ]
+            return [self._segment(state.stream, "main", rollout.blocks, room)]
         if state.phase == "paths":
             budget = max(1, min(cfg.max_path_tokens, room - 1))
-            closer = self.tag[PATH_CLOSE]
-            return [
-                Segment(child, max_new=budget, stop_ids=frozenset({closer}), end_ids=self.eos, closer=closer)
-                for child in state.children
-            ]
-        closer = self.tag[SUMMARY_CLOSE]
+            streams = state.children if cfg.mode == "fork" else [state.stream]
+            return [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
         budget = max(1, min(cfg.max_summary_tokens, room - 1))
-        return [Segment(state.stream, max_new=budget, stop_ids=frozenset({closer}), end_ids=self.eos, closer=closer)]
+        return [self._segment(state.stream, "summary", rollout.blocks, budget, self.tag[SUMMARY_CLOSE])]
 
     # -- what each phase does with the result
     def _advance(self, state: _State, results: list[Decoded]) -> None:
@@ -149,22 +153,31 @@ class ForkJoinEngine:
             state.phase, state.rollout.finish = "done", "eos"
         elif decoded.finish == "length":
             state.phase = "done"
-        elif self.config.mode == "sequential":
-            state.rollout.blocks += 1  # the model writes the block itself; keep counting
-        else:
-            isolated = self.config.attention == "isolated"
-            state.children = self.backend.fork(state.stream, self.config.num_paths, isolated)
-            for child in state.children:
-                self.backend.append(child, [self.tag[PATH_OPEN]])
+        else:  # <Parallel> was sampled
+            opener = [self.tag[PATH_OPEN]]
+            if self.config.mode == "fork":
+                isolated = self.config.attention == "isolated"
+                state.children = self.backend.fork(state.stream, self.config.num_paths, isolated)
+                for child in state.children:
+                    self.backend.append(child, opener)
+            else:
+                self.backend.append(state.stream, opener)
             state.phase = "paths"
 
     def _after_paths(self, state: _State, results: list[Decoded]) -> None:
         for decoded in results:
             self._insert(state.rollout, [self.tag[PATH_OPEN]])
             self._record(state.rollout, decoded)
-        isolated = self.config.attention == "isolated"
-        state.stream = self.backend.join(state.stream, state.children, isolated)
-        state.children = []
+        if self.config.mode == "sequential":
+            state.paths_done += 1
+            if state.paths_done < self.config.num_paths:
+                self.backend.append(state.stream, [self.tag[PATH_OPEN]])
+                return
+            state.paths_done = 0
+        else:
+            isolated = self.config.attention == "isolated"
+            state.stream = self.backend.join(state.stream, state.children, isolated)
+            state.children = []
         inserted = [self.tag[PARALLEL_CLOSE], *self.separator, self.tag[SUMMARY_OPEN]]
         self.backend.append(state.stream, inserted)
         self._insert(state.rollout, inserted)

@@ -186,25 +186,18 @@ def _emit(segment: Segment, out: Decoded, token: int, logprob: float) -> tuple:
     """
     if out.sampled.count(True) >= segment.max_new:
         out.finish = "length"
-        return _forced(out, segment.closer)
+        if segment.closer is None:
+            return None, False, True
+        _add(out, segment.closer, 0.0, False)
+        return segment.closer, True, True
+    _add(out, token, logprob, True)
     if token in segment.end_ids:
         out.finish = "end"
-        if segment.closer is not None:
-            return _forced(out, segment.closer)
-        _add(out, token, logprob, True)
         return token, False, True
-    _add(out, token, logprob, True)
     if token in segment.stop_ids:
         out.finish = "stop"
         return token, True, True
     return token, True, False
-
-
-def _forced(out: Decoded, closer: int | None) -> tuple:
-    if closer is None:
-        return None, False, True
-    _add(out, closer, 0.0, False)
-    return closer, True, True
 
 
 def _add(out: Decoded, token: int, logprob: float, sampled: bool) -> None:

@@ -13,6 +13,11 @@ importance-sampling correction covers those tokens, and the trainer logs the mis
 Two ways to reach vLLM, as TRL does:
 - colocate: a `vllm.LLM` in the training process (`trainer.vllm_generation.llm`);
 - server: TRL's `VLLMClient` to a `trl vllm-serve` or `vllm serve` endpoint (its /v1/completions).
+
+Banned tokens (the tag grammar) are true bans, so that the reported log-probs are those of the
+renormalised distribution the trainer recomputes (with `logprobs_mode="processed_logprobs"`, as TRL
+sets it): colocated, a -inf `logit_bias`; through the HTTP API, which clamps biases to [-100, 100],
+`allowed_token_ids` (every id of the model's vocabulary but the banned ones).
 """
 
 from __future__ import annotations
@@ -21,16 +26,20 @@ from collections import defaultdict
 
 from .backend import Decoded, Sampling, Segment, finish_segment
 
-BAN = -100.0  # the OpenAI-style API bounds logit_bias to [-100, 100]: enough to never be sampled
-
 
 class VLLMBackend:
-    """Sampling.seed is not used here: seed the engine itself (`LLM(seed=...)`, as TRL does)."""
+    """Sampling.seed is not used here: seed the engine itself (`LLM(seed=...)`, as TRL does).
 
-    def __init__(self, llm=None, client=None, sampling: Sampling | None = None):
+    Server mode needs `vocab_size`, the model's number of token ids (`model.config.vocab_size`), to
+    write bans as `allowed_token_ids`.
+    """
+
+    def __init__(self, llm=None, client=None, sampling: Sampling | None = None, vocab_size: int | None = None):
         if (llm is None) == (client is None):
             raise ValueError("VLLMBackend needs exactly one of `llm` (colocate) or `client` (server)")
-        self.llm, self.client, self.sampling = llm, client, sampling or Sampling()
+        if client is not None and vocab_size is None:
+            raise ValueError("VLLMBackend in server mode needs vocab_size (the model's number of token ids)")
+        self.llm, self.client, self.sampling, self.vocab_size = llm, client, sampling or Sampling(), vocab_size
 
     def start(self, prompts: list[list[int]]) -> list[list[int]]:
         return [list(prompt) for prompt in prompts]
@@ -67,8 +76,10 @@ class VLLMBackend:
             "logprobs": 0,
             "skip_special_tokens": False,
         }
-        if segment.banned:
-            params["logit_bias"] = {token: BAN for token in sorted(segment.banned)}
+        if segment.banned and self.llm is not None:
+            params["logit_bias"] = {token: float("-inf") for token in sorted(segment.banned)}
+        elif segment.banned:
+            params["allowed_token_ids"] = [i for i in range(self.vocab_size) if i not in segment.banned]
         return params  # no per-request seed: the K requests of a fork would draw the same path
 
     def _generate_colocate(self, segments: list[Segment]) -> list[tuple]:
@@ -89,18 +100,14 @@ class VLLMBackend:
         """One request per group of segments that share their sampling parameters."""
         groups = defaultdict(list)
         for i, segment in enumerate(segments):
-            request = self._request(segment)
-            key = repr(sorted(request.items()))
-            groups[key].append((i, request))
+            groups[(segment.max_new, segment.stop_ids, segment.end_ids, segment.banned)].append(i)
         sampled = [None] * len(segments)
         for members in groups.values():
-            request = dict(members[0][1])
+            request = self._request(segments[members[0]])
             fixed = {name: request.pop(name) for name in ("temperature", "top_p", "top_k", "max_tokens", "logprobs")}
-            if "logit_bias" in request:  # JSON object keys are strings
-                request["logit_bias"] = {str(token): bias for token, bias in request["logit_bias"].items()}
             output = self.client.generate(
-                prompts=[list(segments[i].stream) for i, _ in members], n=1, generation_kwargs=request, **fixed
+                prompts=[list(segments[i].stream) for i in members], n=1, generation_kwargs=request, **fixed
             )
-            for (i, _), tokens, logprobs in zip(members, output["completion_ids"], output["logprobs"]):
+            for i, tokens, logprobs in zip(members, output["completion_ids"], output["logprobs"]):
                 sampled[i] = (list(tokens), [step[0] for step in logprobs])
         return sampled

@@ -6,9 +6,10 @@ checkpointing, logging, Hub push) is stock TRL:
 - Generation goes through TRL's `rollout_func` hook: the fork-join engine (`parallel_r1.rollout`)
   returns the completion ids, the sampler's log-probs and `env_mask` (0 on the tokens the runtime
   inserted), which TRL turns into its tool mask, so inserted tokens get no gradient.
-- With `attention="isolated"`, the log-prob forward (`_get_per_token_logps_and_entropies`, used
-  for the loss, the old and the reference log-probs) runs the model on the isolated structure,
-  recomputed from the token ids.
+- The log-prob forward (`_get_per_token_logps_and_entropies`, used for the loss, the old and the
+  reference log-probs) scores engine rollouts under the tag grammar the sampler applied
+  (`grammar.GrammarForward`), and with `attention="isolated"` runs the model on the isolated
+  structure; both are recomputed from the token ids.
 
 After each generation it logs the shape of the completions (parallel ratio, blocks, paths, format
 validity, relative block position, D and T) and, where TRL does not already (it does with vLLM and
@@ -25,11 +26,12 @@ from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from ..format import TagVocab, parse, stats
+from ..format import parse, stats
+from ..grammar import Grammar, GrammarForward
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend
 from ..structure import IsolatedForward, check_attention_implementation
-from ..tokens import has_parallel_tokens, tag_ids
+from ..tokens import has_parallel_tokens, tag_ids, tag_vocab
 
 ROLLOUT_MODES = ("fork", "sequential", "trl")
 
@@ -48,15 +50,16 @@ class ParallelGRPOConfig(GRPOConfig):
     rollout_mode: str = field(
         default="fork",
         metadata={
-            "help": "'fork': paths decoded concurrently by the fork-join engine; 'sequential': the model writes its "
-            "blocks itself in one decode (exact for 'causal'); 'trl': TRL's own generation, no engine (sequential "
+            "help": "'fork': paths decoded concurrently by the fork-join engine; 'sequential': the same blocks with "
+            "the paths decoded one after the other, each reading the earlier ones (exact for 'causal'); 'trl': "
+            "TRL's own generation, no engine, no tag grammar (sequential "
             "baselines without tags).",
             "choices": list(ROLLOUT_MODES),
         },
     )
     num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
     max_blocks: int = field(
-        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is no longer sampled."}
+        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
     )
     max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path before it is closed."})
     max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary before it is closed."})
@@ -70,6 +73,8 @@ class ParallelGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.rollout_mode != "trl":
+            self._refuse_unreproducible_sampling()
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
         if self.attention not in ("isolated", "causal"):
@@ -80,6 +85,23 @@ class ParallelGRPOConfig(GRPOConfig):
             raise ValueError("use_liger_kernel computes its own forward and cannot carry attention='isolated'")
         if self.rollout_mode != "trl":
             self.rollout_config()  # fail at start-up on bad budgets
+
+    def _refuse_unreproducible_sampling(self) -> None:
+        """Sampling options that reshape the distribution in ways the training forward does not repeat."""
+        unreproducible = {
+            "top_p": self.top_p != 1.0,
+            "top_k": self.top_k not in (None, 0),
+            "min_p": self.min_p not in (None, 0.0),
+            "repetition_penalty": self.repetition_penalty != 1.0,
+            "generation_kwargs": bool(self.generation_kwargs),
+        }
+        for name, is_set in unreproducible.items():
+            if is_set:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} changes what the rollout samples, but the training forward "
+                    "scores the completion without it (an uncorrected off-policy gap): leave it at its default "
+                    f"with rollout_mode={self.rollout_mode!r}"
+                )
 
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(
@@ -106,9 +128,10 @@ class ParallelGRPOTrainer(GRPOTrainer):
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, processing_class=processing_class, **kwargs
         )
-        self.tag_vocab = TagVocab.from_tokenizer(self._tokenizer) if has_parallel_tokens(self._tokenizer) else None
+        self.tag_vocab = tag_vocab(self._tokenizer) if has_parallel_tokens(self._tokenizer) else None
         if uses_engine and self.tag_vocab is None:
             tag_ids(self._tokenizer)  # raises, naming the missing tags
+        self.grammar = Grammar(self.tag_vocab, frozenset(self.eos_token_ids), args.max_blocks) if uses_engine else None
         if args.attention == "isolated":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._newline = self._tokenizer.encode("\n", add_special_tokens=False)
@@ -135,7 +158,7 @@ class ParallelGRPOTrainer(GRPOTrainer):
         prompt over the processes and equal streams would draw equal completions."""
         args = self.args
         seed = args.seed + self.accelerator.process_index
-        return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=seed)
+        return Sampling(temperature=args.temperature, seed=seed)
 
     def _engine(self, backend) -> ForkJoinEngine:
         return ForkJoinEngine(backend, self.tag_vocab, self.eos_token_ids, self._newline, self.args.rollout_config())
@@ -167,7 +190,10 @@ class ParallelGRPOTrainer(GRPOTrainer):
         everyone = gather_object(prompt_ids)
         payload = [None]
         if self.accelerator.is_main_process:
-            backend = VLLMBackend(client=self.vllm_generation.vllm_client, sampling=self._sampling())
+            vocab_size = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
+            backend = VLLMBackend(
+                client=self.vllm_generation.vllm_client, sampling=self._sampling(), vocab_size=vocab_size
+            )
             payload = [self._engine(backend).generate(everyone)]
         broadcast_object_list(payload, from_process=0)
         start = self.accelerator.process_index * len(prompt_ids)
@@ -176,8 +202,11 @@ class ParallelGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ the structured forward
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        start = input_ids.size(1) - logits_to_keep
         if self.args.attention == "isolated":
-            model = IsolatedForward(model, self.tag_vocab, input_ids.size(1) - logits_to_keep)
+            model = IsolatedForward(model, self.tag_vocab, start)
+        if self.grammar is not None:
+            model = GrammarForward(model, self.grammar, start, self.temperature)
         return super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )

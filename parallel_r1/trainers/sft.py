@@ -24,9 +24,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTConfig, SFTTrainer
 
-from ..format import TagVocab
 from ..structure import IsolatedForward, check_attention_implementation
-from ..tokens import add_parallel_tokens, missing_tags
+from ..tokens import add_parallel_tokens, missing_tags, tag_vocab
 
 ATTENTION = ("causal", "isolated")
 IGNORE = -100  # TRL's label for tokens out of the loss
@@ -170,7 +169,7 @@ class ParallelSFTTrainer(SFTTrainer):
         if args.attention == "isolated":
             check_attention_implementation(model)
         ensure_parallel_tokens(processing_class, model)
-        vocab = TagVocab.from_tokenizer(processing_class)
+        vocab = tag_vocab(processing_class)
         if peft_config is not None:
             peft_config = with_trainable_tag_rows(peft_config, model, sorted(vocab.ids.values()))
         super().__init__(model, args, processing_class=processing_class, peft_config=peft_config, **kwargs)
