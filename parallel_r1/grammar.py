@@ -28,6 +28,7 @@ from functools import cached_property
 from types import SimpleNamespace
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .format import PARALLEL_OPEN, PATH_CLOSE, SUMMARY_CLOSE, TagVocab, parser_states
 
@@ -77,30 +78,51 @@ class Grammar:
 
     def ban_matrix(self, completion_ids) -> torch.Tensor:
         """Bool [len(ids), len(controlled)]: True where that controlled id is banned before that token."""
-        index = {token: j for j, token in enumerate(self.controlled)}
-        rows = torch.zeros((len(completion_ids), len(self.controlled)), dtype=torch.bool)
-        table = {}
-        for i, key in enumerate(self.phases(completion_ids)):
-            if key not in table:
-                table[key] = [index[t] for t in self.banned(*key)]
-            rows[i, table[key]] = True
-        return rows
+        keys, rows = {}, []
+        for key in self.phases(completion_ids):
+            rows.append(keys.setdefault(key, len(keys)))
+        controlled = torch.tensor(self.controlled)
+        table = torch.zeros((max(len(keys), 1), len(self.controlled)), dtype=torch.bool)
+        for key, k in keys.items():
+            table[k] = torch.isin(controlled, torch.tensor(sorted(self.banned(*key)), dtype=torch.long))
+        return table[torch.tensor(rows, dtype=torch.long)]
+
+
+CHUNK = 1024  # positions whose full-vocabulary scores are live at once in `masked_logps`
 
 
 def masked_logps(logits: torch.Tensor, targets: torch.Tensor, bans: torch.Tensor, controlled, temperature: float):
     """Log-probs of `targets` and entropies under softmax(logits / temperature) with the banned ids removed.
 
     logits [B, N, V], targets [B, N], bans [B, N, C] over the `controlled` ids. Banned logits get the lowest
-    float32, which gives them probability 0 (as -inf does in the sampler) without NaN in the entropy.
+    float32, which gives them probability 0 (as -inf does in the sampler) without NaN in the entropy. The
+    float32 work runs `CHUNK` positions at a time and, when gradients are on, is recomputed in the backward
+    pass (activation checkpointing), so its memory stays that of one chunk.
     """
+    batch, length, vocab = logits.shape
+    columns = torch.as_tensor(controlled, device=logits.device)
+    flat = (logits.reshape(-1, vocab), targets.reshape(-1), bans.reshape(-1, len(controlled)).to(logits.device))
+    pieces = []
+    for start in range(0, flat[0].size(0), CHUNK):
+        chunk = [part[start : start + CHUNK] for part in flat]
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_masked_chunk, *chunk, columns, temperature, use_reentrant=False))
+        else:
+            pieces.append(_masked_chunk(*chunk, columns, temperature))
+    if not pieces:
+        empty = logits.new_zeros((batch, length), dtype=torch.float32)
+        return empty, empty
+    logps, entropy = (torch.cat(part).reshape(batch, length) for part in zip(*pieces))
+    return logps, entropy
+
+
+def _masked_chunk(logits, targets, bans, columns, temperature):
     scores = logits.float() / temperature
-    columns = torch.as_tensor(controlled, device=scores.device)
     low = torch.finfo(scores.dtype).min
-    picked = scores.index_select(-1, columns)
-    scores = scores.index_copy(-1, columns, picked.masked_fill(bans.to(scores.device), low))
+    scores = scores.index_copy(-1, columns, scores.index_select(-1, columns).masked_fill(bans, low))
     logps = torch.log_softmax(scores, dim=-1)
     entropy = -(logps.exp() * logps).sum(-1)
-    return logps.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1), entropy
+    return logps.gather(-1, targets.clamp(min=0)[:, None]).squeeze(-1), entropy
 
 
 class GrammarForward:
@@ -111,7 +133,9 @@ class GrammarForward:
     own forward on the same inputs for the completion's logits, removes at each completion position what the
     grammar banned there (recomputed from the ids), and returns the same fields. The completion of every row
     starts at column `completion_start`; its padding (attention mask 0) is scored 0, as TRL does.
-    Unlike TRL's fused head it materialises the completion's logits (rows x completion x vocabulary).
+    Unlike TRL's fused head it materialises the completion's logits (rows x completion x vocabulary, in the
+    model's dtype), and the head runs in that dtype (`cast_lm_head_to_fp32` does not apply); the softmax is
+    float32, a chunk at a time (`masked_logps`).
     """
 
     def __init__(self, model, grammar: Grammar, completion_start: int, temperature: float):
@@ -120,12 +144,14 @@ class GrammarForward:
 
     def __call__(self, input_ids, attention_mask, labels=None, fused_lm_head=True, **kwargs):
         width = input_ids.size(1) - self.completion_start
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1, **kwargs)
+        kwargs.update(use_cache=False, logits_to_keep=width + 1)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         completion = input_ids[:, self.completion_start :]
         valid = attention_mask[:, self.completion_start :].bool()
         bans = torch.zeros((*completion.shape, len(self.grammar.controlled)), dtype=torch.bool)
-        for row in range(completion.size(0)):
-            columns = torch.nonzero(valid[row].cpu(), as_tuple=True)[0]
-            bans[row, columns] = self.grammar.ban_matrix(completion[row, columns].tolist())
+        for row, (ids, keep) in enumerate(zip(completion.tolist(), valid.tolist())):
+            real = [i for i, k in zip(ids, keep) if k]
+            bans[row, torch.tensor(keep, dtype=torch.bool)] = self.grammar.ban_matrix(real)
         logps, entropy = masked_logps(out.logits[:, :-1], completion, bans, self.grammar.controlled, self.temperature)
-        return SimpleNamespace(log_probs=logps * valid, entropy=entropy * valid, aux_loss=None)
+        aux_loss = getattr(out, "aux_loss", None)  # mixture-of-experts models, as TRL reads it
+        return SimpleNamespace(log_probs=logps * valid, entropy=entropy * valid, aux_loss=aux_loss)

@@ -5,7 +5,7 @@ import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
 from parallel_r1.format import PARALLEL_OPEN, parse
-from parallel_r1.rollout import RolloutConfig, Segment
+from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Segment
 from parallel_r1.rollout.backend import finish_segment
 
 
@@ -93,7 +93,7 @@ def test_inserted_tokens_are_masked_and_sampled_tokens_are_not(tag_prone):
     assert forced_closers > 0  # max_path_tokens=6 cuts some paths
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("k", [2, 3, 4])
 def test_every_block_has_k_paths_and_paths_respect_their_budget(tag_prone, k):
     _, _, tokenizer, vocab = tag_prone
     rollouts = engine(tag_prone, num_paths=k, max_path_tokens=8, max_completion_tokens=400).generate(
@@ -148,8 +148,8 @@ def test_config_is_checked():
         RolloutConfig(mode="tree")
     with pytest.raises(ValueError, match="isolated"):
         RolloutConfig(mode="sequential", attention="isolated")
-    with pytest.raises(ValueError, match="num_paths"):
-        RolloutConfig(num_paths=0)
+    with pytest.raises(ValueError, match="num_paths must be at least 2"):
+        RolloutConfig(num_paths=1)
 
 
 @pytest.mark.parametrize(
@@ -169,3 +169,9 @@ def test_segment_rules(sampled, segment, tokens, finish, forced):
     out = finish_segment(spec, sampled, [-0.5] * len(sampled))
     assert out.tokens == tokens and out.finish == finish
     assert out.sampled[-1] is (not forced) and len(out.logprobs) == len(tokens)
+
+
+def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):
+    _, _, tokenizer, vocab = tag_prone
+    with pytest.raises(ValueError, match="whitespace"):
+        ForkJoinEngine(None, vocab, [tokenizer.eos_token_id], tokenizer.encode("--"), RolloutConfig())

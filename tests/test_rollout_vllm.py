@@ -109,7 +109,7 @@ def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, ma
     backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
     engine_ = vllm_engine(tag_prone, backend, attention="causal", mode="sequential", max_blocks=max_blocks)
     rollouts = engine_.generate(prompts(tokenizer))
-    assert any(r.blocks == 1 for r in rollouts)  # with max_blocks=1: completions that reached the limit
+    assert any(r.blocks >= 1 for r in rollouts) and all(r.blocks <= max_blocks for r in rollouts)
     for r in rollouts:
         assert engine_.grammar.violations(r.completion_ids) == []
         sampled = torch.tensor(r.env_mask).bool()

@@ -30,7 +30,7 @@ from typing import Literal
 
 from tqdm.auto import tqdm
 
-from ..format import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
+from ..format import MIN_PATHS, PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..grammar import Grammar
 from .backend import Backend, Decoded, Segment
 
@@ -55,7 +55,11 @@ class RolloutConfig:
                 "mode='sequential' samples every path after its siblings, which the isolated structure "
                 "would hide from them: use mode='fork' with attention='isolated'"
             )
-        for name in ("num_paths", "max_path_tokens", "max_summary_tokens", "max_completion_tokens"):
+        if self.num_paths < MIN_PATHS:
+            raise ValueError(
+                f"num_paths must be at least {MIN_PATHS} (a block holds two or more paths), got {self.num_paths}"
+            )
+        for name in ("max_path_tokens", "max_summary_tokens", "max_completion_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_blocks < 0:
@@ -88,6 +92,9 @@ class ForkJoinEngine:
         self.backend, self.config = backend, config
         self.tag = vocab.ids
         self.grammar = Grammar(vocab, frozenset(eos_ids), config.max_blocks)
+        if not all(i in vocab.blank_ids for i in separator_ids):
+            # the trainer finds the summary by parsing the ids: a separator that is not whitespace would end the block
+            raise ValueError(f"the separator inserted before <Summary> must be whitespace tokens, got {separator_ids}")
         self.separator = list(separator_ids)
 
     def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:

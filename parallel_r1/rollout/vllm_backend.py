@@ -14,10 +14,11 @@ Two ways to reach vLLM, as TRL does:
 - colocate: a `vllm.LLM` in the training process (`trainer.vllm_generation.llm`);
 - server: TRL's `VLLMClient` to a `trl vllm-serve` or `vllm serve` endpoint (its /v1/completions).
 
-Banned tokens (the tag grammar) are true bans, so that the reported log-probs are those of the
-renormalised distribution the trainer recomputes (with `logprobs_mode="processed_logprobs"`, as TRL
-sets it): colocated, a -inf `logit_bias`; through the HTTP API, which clamps biases to [-100, 100],
-`allowed_token_ids` (every id of the model's vocabulary but the banned ones).
+Banned tokens (the tag grammar) are true bans: colocated, a -inf `logit_bias`; through the HTTP API,
+which clamps biases to [-100, 100], `allowed_token_ids` (every id of the model's vocabulary but the
+banned ones). The reported log-probs are those of the renormalised distribution the trainer recomputes
+only with `logprobs_mode="processed_logprobs"`: TRL's colocated engine and `trl vllm-serve` set it; a
+plain `vllm serve` needs `--logprobs-mode processed_logprobs`.
 """
 
 from __future__ import annotations
@@ -97,13 +98,14 @@ class VLLMBackend:
         return sampled
 
     def _generate_server(self, segments: list[Segment]) -> list[tuple]:
-        """One request per group of segments that share their sampling parameters."""
+        """One request per group of segments that share their stops and bans, with the group's largest budget
+        (`finish_segment` cuts each to its own, keeping what was sampled exactly as sampled)."""
         groups = defaultdict(list)
         for i, segment in enumerate(segments):
-            groups[(segment.max_new, segment.stop_ids, segment.end_ids, segment.banned)].append(i)
+            groups[(segment.stop_ids, segment.end_ids, segment.banned)].append(i)
         sampled = [None] * len(segments)
         for members in groups.values():
-            request = self._request(segments[members[0]])
+            request = self._request(max((segments[i] for i in members), key=lambda segment: segment.max_new))
             fixed = {name: request.pop(name) for name in ("temperature", "top_p", "top_k", "max_tokens", "logprobs")}
             output = self.client.generate(
                 prompts=[list(segments[i].stream) for i in members], n=1, generation_kwargs=request, **fixed
