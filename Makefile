@@ -33,11 +33,15 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The main job on the tiny default: build the model, SFT it (Unseen), then GRPO with fork-join rollouts. CPU, ~5 min.
+# The main job on the tiny default: build the model, SFT it (Unseen), GRPO with fork-join rollouts, then evaluate
+# the SFT and GRPO models with the harness (tables in outputs/tiny-eval-*/table.md). CPU, ~5 min.
 demo: install
 	$(PY) -m parallel_r1.tiny outputs/tiny-qwen3
 	$(DEMO_ENV) $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml scripts/sft.py --config recipes/tiny/sft.yaml
 	$(DEMO_ENV) $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml scripts/grpo.py --config recipes/tiny/grpo.yaml
+	rm -rf outputs/tiny-eval-sft outputs/tiny-eval-grpo
+	$(DEMO_ENV) $(PY) scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path outputs/tiny-sft --label tiny-sft --output_dir outputs/tiny-eval-sft
+	$(DEMO_ENV) $(PY) scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path outputs/tiny-grpo --label tiny-grpo --output_dir outputs/tiny-eval-grpo
 
 # Speed comparisons (results in benchmarks/results/)
 bench: install

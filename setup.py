@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "tqdm",
     "pyyaml",
     "tabulate",
+    "matplotlib>=3.9,<4",
 ]
 
 EXTRAS = {

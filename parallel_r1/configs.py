@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, TrlParser
 
+from .evaluation.config import EvaluationConfig
 from .trainers.grpo import ParallelGRPOConfig
 from .trainers.sft import ParallelSFTConfig
 
@@ -97,3 +98,13 @@ GRPO_ARGUMENTS = (GRPOScriptArguments, ParallelGRPOConfig, ModelConfig)
 def grpo_parser() -> TrlParser:
     """The parser of `scripts/grpo.py`: (GRPOScriptArguments, ParallelGRPOConfig, ModelConfig)."""
     return TrlParser(GRPO_ARGUMENTS)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+EVAL_ARGUMENTS = (EvaluationConfig, ModelConfig)
+
+
+def eval_parser() -> TrlParser:
+    """The parser of `scripts/evaluate.py`: (EvaluationConfig, ModelConfig)."""
+    return TrlParser(EVAL_ARGUMENTS)

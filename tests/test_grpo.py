@@ -208,6 +208,24 @@ def _pieces(text):
     return text.split("\0")
 
 
+def test_in_training_evaluation_logs_eval_metrics_and_leaves_training_alone(tmp_path, tag_prone_dir, dataset):
+    """parallel_eval_steps: eval/<benchmark>/* metrics in the log, and the training run is the one it would be."""
+
+    def run(**evaluation):
+        trainer = trainer_for(tag_prone_dir, config(tmp_path, **evaluation), dataset)
+        trainer.train()
+        return trainer.state.log_history
+
+    settings = dict(parallel_eval_steps=1, parallel_eval_benchmarks=["gsm8k@2", "amc23@2"], parallel_eval_problems=2)
+    with_eval, without = run(**settings), run()
+    logged = [entry for entry in with_eval if "eval/gsm8k/mean@2" in entry]
+    assert len(logged) == 2
+    for key in ("pass@2", "parallel_ratio", "format_valid", "block_position", "critical_over_total"):
+        assert all(0.0 <= entry[f"eval/amc23/{key}"] <= 1.0 for entry in logged)
+    for key in ("reward", "parallel/tokens_total", "loss"):
+        assert [e[key] for e in with_eval if key in e] == [e[key] for e in without if key in e]
+
+
 def test_a_tokenizer_without_tags_is_refused(tmp_path, dataset):
     from parallel_r1.tiny import build_model, build_tokenizer
 

@@ -8,8 +8,9 @@ import yaml
 from peft import LoraConfig
 from trl import ModelConfig, get_peft_config
 
-from parallel_r1.configs import GRPOScriptArguments, SFTScriptArguments, grpo_parser, sft_parser
+from parallel_r1.configs import GRPOScriptArguments, SFTScriptArguments, eval_parser, grpo_parser, sft_parser
 from parallel_r1.data import load_sft_traces
+from parallel_r1.evaluation import EvaluationConfig
 from parallel_r1.rewards import get_reward_funcs
 from parallel_r1.trainers import ParallelGRPOConfig, ParallelSFTConfig
 
@@ -34,9 +35,12 @@ def parse(stage, path, *cli):
     return STAGES[stage][1]().parse_args_and_config(["--config", str(path), *device, *cli])
 
 
+EVAL = sorted(RECIPES.glob("*/eval/*.yaml")) + [RECIPES / "tiny" / "eval.yaml"]
+
+
 def test_every_recipe_is_covered():
     yamls = set(RECIPES.rglob("*.yaml"))
-    assert yamls == {path for _, path in ALL}, "a recipe no stage parses"
+    assert yamls == {path for _, path in ALL} | set(EVAL), "a recipe no stage parses"
     assert len(PAPER_SFT) >= 3 and (RECIPES / "tiny" / "sft.yaml").exists()
     names = {p.stem for p in PAPER_GRPO}
     assert names >= {"unseen_s1", "unseen_s2", "seen_gsm8k", "seen_dapo", "baseline_dapo", "mid_training"}
@@ -168,3 +172,26 @@ def test_slurm_launcher_is_valid_bash_and_refuses_a_missing_recipe(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     result = subprocess.run(["bash", str(script), str(tmp_path / "nope.yaml")], capture_output=True, text=True)
     assert result.returncode == 2 and "recipe not found" in result.stderr
+
+
+@pytest.mark.parametrize("path", EVAL, ids=[str(p.relative_to(RECIPES)) for p in EVAL])
+def test_eval_recipe_parses(path):
+    config, model_args = eval_parser().parse_args_and_config(["--config", str(path)])
+    assert isinstance(config, EvaluationConfig) and model_args.model_name_or_path
+    assert config.benchmark_specs()
+
+
+def test_paper_eval_recipe_is_the_papers_protocol():
+    config, _ = eval_parser().parse_args_and_config(
+        ["--config", str(RECIPES / "Qwen3-4B-Base" / "eval" / "paper.yaml")]
+    )
+    assert config.benchmark_specs() == [("aime24", 16), ("aime25", 16), ("amc23", 16), ("math500", 1)]  # §2 step 5
+    assert config.temperature == 1.0 and config.top_p == 1.0 and config.prompt_template == "parallel"
+    _, training, _ = parse("grpo", RECIPES / "Qwen3-4B-Base" / "grpo" / "unseen_s2.yaml")
+    assert (config.attention, config.rollout_mode, config.num_paths, config.max_blocks) == (
+        training.attention,
+        training.rollout_mode,
+        training.num_paths,
+        training.max_blocks,
+    )  # the rollout of training
+    assert config.max_completion_tokens == training.max_completion_length == 3000

@@ -19,6 +19,7 @@ importance-sampling correction on), the gap between the sampler's and the traine
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
+from ..evaluation.callback import InTrainingEvaluation
 from ..format import parse, stats
 from ..grammar import Grammar, GrammarForward
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
@@ -63,6 +65,18 @@ class ParallelGRPOConfig(GRPOConfig):
     )
     max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path before it is closed."})
     max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary before it is closed."})
+    parallel_eval_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Every N optimizer steps, evaluate the current weights with the training rollout on a few problems "
+            "(parallel_eval_benchmarks) and log eval/<benchmark>/* metrics; 0 turns it off."
+        },
+    )
+    parallel_eval_benchmarks: list[str] = field(
+        default_factory=lambda: ["aime25@4"],
+        metadata={"help": "Benchmarks of the in-training evaluation, as name@k (see scripts/evaluate.py)."},
+    )
+    parallel_eval_problems: int = field(default=32, metadata={"help": "Problems per benchmark in that evaluation."})
     measure_sampling_mismatch: bool = field(
         default=True,
         metadata={
@@ -85,6 +99,12 @@ class ParallelGRPOConfig(GRPOConfig):
             raise ValueError("use_liger_kernel computes its own forward and cannot carry attention='isolated'")
         if self.rollout_mode != "trl":
             self.rollout_config()  # fail at start-up on bad budgets
+        if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
+            raise ValueError("parallel_eval_steps must be >= 0 and parallel_eval_problems >= 1")
+        if self.parallel_eval_steps and self.rollout_mode == "trl":
+            raise ValueError(
+                "parallel_eval_steps evaluates with the fork-join engine: it needs rollout_mode fork or sequential"
+            )
 
     def _refuse_unreproducible_sampling(self) -> None:
         """Sampling options that reshape the distribution in ways the training forward does not repeat."""
@@ -135,6 +155,8 @@ class ParallelGRPOTrainer(GRPOTrainer):
         if args.attention == "isolated":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._newline = self._tokenizer.encode("\n", add_special_tokens=False)
+        if args.parallel_eval_steps > 0:
+            self.add_callback(InTrainingEvaluation(self, args.parallel_eval_benchmarks, args.parallel_eval_problems))
 
     # ------------------------------------------------------------------ generation
 
@@ -168,6 +190,25 @@ class ParallelGRPOTrainer(GRPOTrainer):
             return self._engine(VLLMBackend(llm=self.vllm_generation.llm, sampling=self._sampling())).generate(
                 prompt_ids
             )
+        with self._generation_model() as model:
+            if not hasattr(self, "_hf_backend"):  # one backend, so its random stream runs on across steps
+                self._hf_backend = TransformersBackend(
+                    model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id
+                )
+            self._hf_backend.model = model
+            return self._engine(self._hf_backend).generate(prompt_ids)
+
+    def evaluation_rollouts(self, prompt_ids: list, seed: int) -> list:
+        """Rollouts of the current weights with the training rollout settings, on the transformers backend and a
+        random stream of their own (the training stream is not touched). For in-training evaluation."""
+        with self._generation_model() as model:
+            sampling = Sampling(temperature=self.args.temperature, seed=seed)
+            backend = TransformersBackend(model, sampling, pad_token_id=self._tokenizer.pad_token_id)
+            return self._engine(backend).generate(prompt_ids)
+
+    @contextmanager
+    def _generation_model(self):
+        """The model with full parameters for generation (ZeRO-3 gathered, FSDP summoned), without gradients."""
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -178,12 +219,7 @@ class ParallelGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
-            if not hasattr(self, "_hf_backend"):  # one backend, so its random stream runs on across steps
-                self._hf_backend = TransformersBackend(
-                    model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id
-                )
-            self._hf_backend.model = model
-            return self._engine(self._hf_backend).generate(prompt_ids)
+            yield model
 
     def _rollouts_on_main_process(self, prompt_ids: list) -> list:
         """Server mode: the main process drives the engine for every process, as TRL does for plain vLLM."""

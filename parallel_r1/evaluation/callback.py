@@ -1,0 +1,56 @@
+"""Evaluation during GRPO training: every `parallel_eval_steps` optimizer steps, the current weights answer a
+fixed subset of benchmark problems with the training rollout, and the numbers go into the trainer's log.
+
+Logged under `eval/<benchmark>/`: mean@k, pass@k, parallel_ratio, format_valid, block_position and
+critical_over_total (definitions in `metrics`), next to the training metrics of the same step. The problems are
+the first `parallel_eval_problems` of each benchmark's test split, spread over the processes; sampling uses the
+transformers backend on the gathered weights with a seed of its own per step (`evaluation_rollouts`), so the
+training's random stream is not touched.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from accelerate.utils import gather_object
+from transformers import TrainerCallback
+
+from ..data import load_problems
+from . import records as rec
+from .config import parse_benchmarks
+from .metrics import summarize
+from .runner import prompt_ids
+
+LOGGED = ("parallel_ratio", "format_valid", "block_position", "critical_over_total")
+
+
+class InTrainingEvaluation(TrainerCallback):
+    def __init__(self, trainer, benchmarks: list, max_problems: int, template: str = "parallel"):
+        self.trainer = trainer
+        self.items, self.rows, self.prompts = [], {}, {}
+        for name, k in parse_benchmarks(benchmarks):
+            problems = load_problems(name, "test", template=template, limit=max_problems)
+            for i, row in enumerate(problems):
+                self.rows[name, i] = rec.problem_record(name, i, row)
+                self.prompts[name, i] = row["prompt"]
+                self.items += [(name, i, s) for s in range(k)]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.parallel_eval_steps != 0:
+            return
+        trainer = self.trainer
+        tokenizer = trainer.processing_class
+        with trainer.accelerator.split_between_processes(self.items) as mine:
+            prompts = [prompt_ids(tokenizer, self.prompts[n, i]) for n, i, _ in mine]
+            seed = zlib.crc32(f"{args.seed}/{state.global_step}/{trainer.accelerator.process_index}".encode())
+            rollouts = trainer.evaluation_rollouts(prompts, seed) if mine else []
+            records = [
+                rec.score(self.rows[n, i], s, r.completion_ids, r.finish, tokenizer, trainer.tag_vocab)
+                for (n, i, s), r in zip(mine, rollouts)
+            ]
+        summary = summarize(gather_object(records))
+        metrics = trainer._metrics["train"]
+        for name, values in summary["benchmarks"].items():
+            k = values["samples"]
+            for key in (f"mean@{k}", f"pass@{k}", *LOGGED):
+                metrics[f"eval/{name}/{key}"].append(values[key])

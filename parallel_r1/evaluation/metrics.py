@@ -1,0 +1,127 @@
+"""The numbers of an evaluation, computed from its completion records alone.
+
+A record is one completion of one problem (see `records.score`): whether its final answer is correct, the
+answer it gives, and its shape. For a benchmark of P problems with n samples each, c_i of problem i correct:
+
+- mean@n: the mean over problems of c_i / n (the expected accuracy of one sample).
+- pass@k, for every k <= n: the mean over problems of the unbiased estimator 1 - C(n - c_i, k) / C(n, k)
+  (Chen et al. 2021, as lighteval computes it): the chance that at least one of k samples drawn without
+  replacement from the n is correct. Exact, not a bootstrap.
+- cons@n: majority vote. Each problem's answers (None excluded) are compared by `answers.normalize`; the most
+  frequent wins, a tie going to the answer given first; the problem counts as solved when that answer was
+  judged correct. A problem without any answer is not solved.
+- Standard errors: the sample standard deviation over problems of the per-problem value, divided by sqrt(P)
+  (0 for one problem).
+- Shape, over all completions of the benchmark: parallel ratio (share with at least one block and
+  well-formed, `format.Parsed.has_parallel`), format validity (share well-formed), blocks per completion,
+  paths per block, mean relative position of `<Parallel>` (over all blocks, 0 = start, 1 = end), mean total
+  tokens T, mean critical-path tokens D (the longest path of each block counted, the others not), and D/T
+  (sum of D over sum of T).
+
+Accuracies and ratios are fractions (0..1); tables print them as percentages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from ..answers import normalize
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with n samples of which c are correct (k <= n)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / j for j in range(n - c + 1, n + 1))
+
+
+def majority_correct(answers: list, correct: list) -> bool:
+    """cons@n for one problem: is the most frequent answer (first given wins a tie) a correct one?"""
+    first = {}
+    votes = Counter()
+    for position, (answer, ok) in enumerate(zip(answers, correct)):
+        if answer is None:
+            continue
+        key = normalize(answer)
+        first.setdefault(key, (position, ok))
+        votes[key] += 1
+    if not votes:
+        return False
+    winner = max(votes, key=lambda key: (votes[key], -first[key][0]))
+    return bool(first[winner][1])
+
+
+def standard_error(values: list) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values))
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def benchmark_metrics(records: list) -> dict:
+    """Every number of one benchmark from its records (all problems must have the same number of samples)."""
+    if not records:
+        raise ValueError("no completions to score")
+    problems = defaultdict(list)
+    for record in records:
+        problems[record["problem_index"]].append(record)
+    sizes = {len(samples) for samples in problems.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"every problem needs the same number of samples, got {sorted(sizes)}")
+    (n,) = sizes
+    ordered = [sorted(samples, key=lambda r: r["sample"]) for _, samples in sorted(problems.items())]
+    correct = [[bool(r["correct"]) for r in samples] for samples in ordered]
+    accuracy = [sum(c) / n for c in correct]
+    out = {
+        "problems": len(ordered),
+        "samples": n,
+        f"mean@{n}": _mean(accuracy),
+        f"mean@{n}_stderr": standard_error(accuracy),
+    }
+    for k in range(1, n + 1):
+        solved = [pass_at_k(n, sum(c), k) for c in correct]
+        out[f"pass@{k}"], out[f"pass@{k}_stderr"] = _mean(solved), standard_error(solved)
+    votes = [float(majority_correct([r["answer"] for r in s], c)) for s, c in zip(ordered, correct)]
+    out[f"cons@{n}"], out[f"cons@{n}_stderr"] = _mean(votes), standard_error(votes)
+    out.update(shape_metrics(records))
+    return out
+
+
+def shape_metrics(records: list) -> dict:
+    blocks = sum(r["blocks"] for r in records)
+    total = sum(r["tokens_total"] for r in records)
+    critical = sum(r["tokens_critical"] for r in records)
+    positions = [p for r in records for p in r["block_positions"]]
+    return {
+        "parallel_ratio": _mean(float(r["has_parallel"]) for r in records),
+        "format_valid": _mean(float(r["well_formed"]) for r in records),
+        "blocks_per_completion": blocks / len(records),
+        "paths_per_block": sum(sum(r["paths_per_block"]) for r in records) / blocks if blocks else 0.0,
+        "block_position": _mean(positions),
+        "tokens_total": total / len(records),
+        "tokens_critical": critical / len(records),
+        "critical_over_total": critical / total if total else 1.0,
+    }
+
+
+def summarize(records: list) -> dict:
+    """Per benchmark (in order of first appearance) and the average over benchmarks of every shared key."""
+    by_benchmark: dict = {}
+    for record in records:
+        by_benchmark.setdefault(record["benchmark"], []).append(record)
+    results = {name: benchmark_metrics(rows) for name, rows in by_benchmark.items()}
+    average = {
+        "mean": _mean(value[f"mean@{value['samples']}"] for value in results.values()),
+        "parallel_ratio": _mean(value["parallel_ratio"] for value in results.values()),
+        "critical_over_total": _mean(value["critical_over_total"] for value in results.values()),
+    }
+    return {"benchmarks": results, "average": average}

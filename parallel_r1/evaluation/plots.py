@@ -1,0 +1,112 @@
+"""Strategy-evolution plots (PNG): how accuracy, the parallel ratio, where blocks open and D/T move over training.
+
+Inputs: evaluation folders (one per checkpoint; the step is the checkpoint's, else the folder's rank in the
+list) and/or a trainer's `trainer_state.json` (its logged `parallel/*` metrics and reward).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .records import read_lines
+
+TRAINING_KEYS = {
+    "parallel/ratio": "parallel ratio",
+    "reward": "reward",
+    "parallel/critical_over_total": "D/T",
+    "parallel/block_position": "block position",
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def load_evaluations(folders: list) -> list:
+    """(step, results, completion records) per folder, by step."""
+    loaded = []
+    for rank, folder in enumerate(map(Path, folders)):
+        results_file = folder / "results.json"
+        if not results_file.exists():
+            raise FileNotFoundError(f"{folder} has no results.json: run scripts/evaluate.py into it first")
+        results = json.loads(results_file.read_text())
+        step = results["model"].get("step")
+        loaded.append((rank if step is None else step, results, read_lines(folder / "completions.jsonl")))
+    return sorted(loaded, key=lambda item: item[0])
+
+
+def plot_evaluations(folders: list, output_dir: Path) -> list:
+    plt = _pyplot()
+    runs = load_evaluations(folders)
+    steps = [step for step, _, _ in runs]
+    names = list(runs[0][1]["benchmarks"])
+    written = []
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for name in names:
+        k = runs[0][1]["benchmarks"][name]["samples"]
+        top.plot(
+            steps, [100 * r["benchmarks"][name][f"mean@{k}"] for _, r, _ in runs], marker="o", label=f"{name} mean@{k}"
+        )
+        bottom.plot(steps, [100 * r["benchmarks"][name]["parallel_ratio"] for _, r, _ in runs], marker="o", label=name)
+    top.set(ylabel="accuracy (%)", title="Accuracy and parallel ratio over training")
+    bottom.set(xlabel="training step", ylabel="parallel ratio (%)")
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    written.append(_save(fig, output_dir / "accuracy_and_parallel.png"))
+
+    fig, axis = plt.subplots(figsize=(8, 4.5))
+    positions = [[p for record in records for p in record["block_positions"]] for _, _, records in runs]
+    shown = [(step, values) for step, values in zip(steps, positions) if values]
+    if shown:
+        axis.boxplot([values for _, values in shown], tick_labels=[str(step) for step, _ in shown])
+    axis.set(
+        xlabel="training step",
+        ylabel="relative position of <Parallel> (0 = start, 1 = end)",
+        title="Where blocks open: exploration early, verification late",
+        ylim=(0, 1),
+    )
+    axis.grid(alpha=0.3)
+    written.append(_save(fig, output_dir / "block_position.png"))
+
+    fig, axis = plt.subplots(figsize=(8, 4.5))
+    for name in names:
+        axis.plot(steps, [r["benchmarks"][name]["critical_over_total"] for _, r, _ in runs], marker="o", label=name)
+    axis.set(xlabel="training step", ylabel="D / T", title="Critical path over total tokens (1 = no saving)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    written.append(_save(fig, output_dir / "critical_over_total.png"))
+    return written
+
+
+def plot_trainer_state(path: Path, output_dir: Path) -> list:
+    """The trainer's logged parallel ratio, reward, D/T and block position over its steps."""
+    plt = _pyplot()
+    history = json.loads(Path(path).read_text()).get("log_history", [])
+    present = [key for key in TRAINING_KEYS if any(key in entry for entry in history)]
+    if not present:
+        raise ValueError(f"{path} logs none of {list(TRAINING_KEYS)}: is it a ParallelGRPOTrainer's state?")
+    fig, axes = plt.subplots(len(present), 1, figsize=(8, 2.6 * len(present)), sharex=True, squeeze=False)
+    for axis, key in zip(axes[:, 0], present):
+        points = [(entry["step"], entry[key]) for entry in history if key in entry]
+        axis.plot(*zip(*points), marker=".")
+        axis.set(ylabel=TRAINING_KEYS[key])
+        axis.grid(alpha=0.3)
+    axes[0, 0].set_title(f"Training curves ({Path(path).parent.name})")
+    axes[-1, 0].set_xlabel("training step")
+    return [_save(fig, output_dir / "training_curves.png")]
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path

@@ -1,0 +1,103 @@
+"""Completion records: one JSON line per sampled completion, written as they arrive and read back on resume.
+
+A record holds the problem (benchmark, index, id, text, reference), the sample index, the completion as text
+(tags included) and as token ids, its extracted answer and correctness, and its shape (`format.stats` of the
+ids when the tokenizer has the tags, of the text otherwise). Every number of an evaluation is computed from
+these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
+
+Each process appends to its own shard (`shards/rank-<i>.jsonl`) and flushes after every batch; a line cut by
+a crash is dropped when the shard is read back. A record is keyed by (benchmark, problem_index, sample):
+a restarted evaluation skips the keys it already has.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..answers import extract_answer, extract_reference, is_correct
+from ..format import parse, stats
+
+
+def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab) -> dict:
+    """The record of one completion. `problem` is a `problem_record`."""
+    text = tokenizer.decode(completion_ids, skip_special_tokens=True)
+    shape = stats(parse(completion_ids, vocab) if vocab is not None else parse(text))
+    return {
+        **problem,
+        "sample": sample,
+        "completion": text,
+        "completion_ids": list(completion_ids),
+        "finish": finish,
+        "answer": extract_answer(text),
+        "correct": is_correct(text, problem["reference"]),
+        "well_formed": shape.well_formed,
+        "has_parallel": shape.has_parallel,
+        "blocks": shape.num_blocks,
+        "paths_per_block": list(shape.paths_per_block),
+        "block_positions": list(shape.block_positions),
+        "tokens_total": shape.total,
+        "tokens_critical": shape.critical,
+    }
+
+
+def key(record: dict) -> tuple:
+    return record["benchmark"], record["problem_index"], record["sample"]
+
+
+def problem_record(benchmark: str, index: int, row: dict) -> dict:
+    """The problem part of a record, from a `data.load_problems` row (prompt, answer, id)."""
+    return {
+        "benchmark": benchmark,
+        "problem_index": index,
+        "problem_id": row["id"],
+        "prompt": row["prompt"][-1]["content"],
+        "reference": extract_reference(row["answer"]),
+    }
+
+
+def read_lines(path: Path) -> list:
+    """The complete JSON lines of a file (a last line cut by a crash is dropped, and cut off the file)."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1]
+    if len(complete) != len(raw):
+        path.write_bytes(complete)
+    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+
+
+def read_shards(folder: Path) -> list:
+    """Every record written so far, each key once."""
+    records = {}
+    for shard in sorted((folder / "shards").glob("rank-*.jsonl")):
+        for record in read_lines(shard):
+            records.setdefault(key(record), record)
+    return list(records.values())
+
+
+class ShardWriter:
+    def __init__(self, folder: Path, rank: int):
+        path = folder / "shards" / f"rank-{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        read_lines(path)  # drop a line cut by an earlier crash before appending
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, records: list) -> None:
+        for record in records:
+            self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def write_completions(path: Path, records: list) -> None:
+    """All records in one file, ordered by benchmark order of appearance, problem and sample."""
+    order = {}
+    for record in records:
+        order.setdefault(record["benchmark"], len(order))
+    ordered = sorted(records, key=lambda r: (order[r["benchmark"]], r["problem_index"], r["sample"]))
+    with path.open("w", encoding="utf-8") as file:
+        for record in ordered:
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")

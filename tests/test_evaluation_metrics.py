@@ -1,0 +1,110 @@
+"""Evaluation metrics against their definitions: pass@k by enumeration, mean@k, cons@k, standard errors, shape."""
+
+import math
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parallel_r1.evaluation.metrics import benchmark_metrics, majority_correct, pass_at_k, standard_error, summarize
+from parallel_r1.evaluation.report import markdown_table
+
+
+def brute_force_pass_at_k(outcomes: list, k: int) -> float:
+    """The share of k-subsets of the samples that hold at least one correct sample."""
+    subsets = list(combinations(outcomes, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 10).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_is_the_share_of_k_subsets_with_a_correct_sample(case):
+    n, c, k = case
+    outcomes = [True] * c + [False] * (n - c)
+    assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(outcomes, k), abs=1e-12)
+
+
+def test_pass_at_k_edges():
+    assert pass_at_k(16, 0, 16) == 0.0 and pass_at_k(16, 16, 1) == 1.0
+    assert pass_at_k(16, 1, 16) == 1.0  # k = n: solved if any sample is
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    for bad in [(4, 5, 1), (4, 1, 0), (4, 1, 5), (4, -1, 1)]:
+        with pytest.raises(ValueError, match="pass@k"):
+            pass_at_k(*bad)
+
+
+def test_majority_vote():
+    assert majority_correct(["4", "5", "4.", None], [True, False, True, False])  # "4." normalises to "4"
+    assert not majority_correct(["5", "5", "4"], [False, False, True])
+    assert majority_correct(["4", "5"], [True, False])  # a tie goes to the answer given first
+    assert not majority_correct(["5", "4"], [False, True])
+    assert not majority_correct([None, None], [False, False])
+
+
+def test_standard_error():
+    assert standard_error([1.0]) == 0.0
+    assert standard_error([0.0, 1.0]) == pytest.approx(math.sqrt(0.5 / 2))
+
+
+def record(problem, sample, correct, answer="1", blocks=(), total=10, critical=10, well_formed=True, benchmark="b"):
+    return {
+        "benchmark": benchmark,
+        "problem_index": problem,
+        "sample": sample,
+        "correct": correct,
+        "answer": answer,
+        "well_formed": well_formed,
+        "has_parallel": bool(blocks) and well_formed,
+        "blocks": len(blocks),
+        "paths_per_block": [paths for paths, _ in blocks],
+        "block_positions": [position for _, position in blocks],
+        "tokens_total": total,
+        "tokens_critical": critical,
+    }
+
+
+def test_benchmark_metrics_on_fixed_records():
+    rows = [
+        record(0, 0, True, "7", blocks=[(2, 0.25)], total=20, critical=14),
+        record(0, 1, False, "8"),
+        record(0, 2, True, "7", blocks=[(2, 0.5), (3, 0.75)], total=40, critical=20),
+        record(0, 3, False, None, well_formed=False, blocks=[(1, 0.0)]),
+        record(1, 0, False, "2"),
+        record(1, 1, False, "2"),
+        record(1, 2, False, "3"),
+        record(1, 3, False, None),
+    ]
+    m = benchmark_metrics(rows)
+    assert (m["problems"], m["samples"]) == (2, 4)
+    assert m["mean@4"] == pytest.approx((2 / 4 + 0) / 2)
+    assert m["mean@4_stderr"] == pytest.approx(standard_error([0.5, 0.0]))
+    assert m["pass@1"] == pytest.approx(m["mean@4"])  # pass@1 is the mean accuracy
+    assert m["pass@4"] == pytest.approx(0.5) and m["pass@2"] == pytest.approx((1 - 1 / 6) / 2)
+    assert m["cons@4"] == pytest.approx(0.5)
+    assert m["parallel_ratio"] == pytest.approx(2 / 8) and m["format_valid"] == pytest.approx(7 / 8)
+    assert m["blocks_per_completion"] == pytest.approx(4 / 8) and m["paths_per_block"] == pytest.approx(8 / 4)
+    assert m["block_position"] == pytest.approx((0.25 + 0.5 + 0.75 + 0.0) / 4)
+    total, critical = 20 + 40 + 6 * 10, 14 + 20 + 6 * 10
+    assert m["tokens_total"] == pytest.approx(total / 8) and m["critical_over_total"] == pytest.approx(
+        critical / total
+    )
+
+
+def test_uneven_samples_and_empty_input_are_refused():
+    with pytest.raises(ValueError, match="same number of samples"):
+        benchmark_metrics([record(0, 0, True), record(0, 1, True), record(1, 0, True)])
+    with pytest.raises(ValueError, match="no completions"):
+        benchmark_metrics([])
+
+
+def test_summary_and_table():
+    rows = [record(i, s, s == 0, benchmark="aime24") for i in range(2) for s in range(4)]
+    rows += [record(i, 0, i == 0, benchmark="math500", blocks=[(2, 0.5)]) for i in range(4)]
+    summary = summarize(rows)
+    assert list(summary["benchmarks"]) == ["aime24", "math500"]
+    assert summary["average"]["mean"] == pytest.approx((0.25 + 0.25) / 2)
+    assert summary["average"]["parallel_ratio"] == pytest.approx((0 + 1) / 2)
+    table = markdown_table([{"label": "tiny", **summary}])
+    assert "| tiny | 50.0 | 25.0 / 100.0 | 25.0 | 25.0 |" in table  # mean@4 / pass@4, then mean@1
+    assert "aime24 (mean@4 / pass@4)" in table and "math500 (mean@1)" in table
