@@ -6,6 +6,7 @@ paper's table with one row per evaluation folder (table.md).
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 from parallel_r1.evaluation.plots import load_evaluations, plot_evaluations, plot_trainer_state
@@ -21,9 +22,11 @@ def main(argv=None) -> None:
     if not args.evaluations and not args.trainer_state:
         parser.error("give --evaluations folders, a --trainer_state file, or both")
     output = Path(args.output_dir)
-    written = plot_evaluations(args.evaluations, output) if args.evaluations else []
+    written = []
     if args.evaluations:
-        rows = [_with_step(results) for _, results, _ in load_evaluations(args.evaluations)]
+        runs = load_evaluations(args.evaluations)
+        written += plot_evaluations(runs, output)
+        rows = [_with_step(results) for _, results, _ in runs]
         table = markdown_table(rows)
         (output / "table.md").write_text(table + "\n")
         print(table)
@@ -41,4 +44,8 @@ def _with_step(results: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as problem:  # the user's input: one line, no traceback
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)

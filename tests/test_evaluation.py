@@ -142,6 +142,19 @@ def test_a_model_without_tags_needs_plain_decoding(tmp_path):
         run(model_dir, tmp_path / "out")
     results = run(model_dir, tmp_path / "out2", rollout_mode="plain", benchmarks=["gsm8k@2"], max_problems=2)
     assert results["benchmarks"]["gsm8k"]["parallel_ratio"] == 0.0
+    for r in rec.read_lines(tmp_path / "out2" / "completions.jsonl"):
+        assert r["tokens_total"] == r["tokens_critical"] == len(r["completion_ids"])  # tokens, as for tagged models
+
+
+def test_reading_a_shard_leaves_a_line_being_written_alone(tmp_path):
+    shard = tmp_path / "shards" / "rank-0.jsonl"
+    shard.parent.mkdir()
+    shard.write_text('{"benchmark": "b", "problem_index": 0, "sample": 0}\n{"benchmark": "b", "prob')
+    before = shard.read_bytes()
+    assert [rec.key(r) for r in rec.read_shards(tmp_path)] == [("b", 0, 0)]
+    assert shard.read_bytes() == before  # another process may still be writing it
+    rec.ShardWriter(tmp_path, 0).close()  # its own writer cuts the unfinished line before appending
+    assert shard.read_text().endswith("}\n") and len(rec.read_lines(shard)) == 1
 
 
 @pytest.mark.slow

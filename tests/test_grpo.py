@@ -158,6 +158,10 @@ def test_bad_settings_fail_at_start(tmp_path):
         config(tmp_path, rollout_mode="trl", attention="isolated")
     with pytest.raises(ValueError, match="num_paths"):
         config(tmp_path, num_paths=0)
+    with pytest.raises(ValueError, match="ds3_gather_for_generation"):
+        config(tmp_path, parallel_eval_steps=5, ds3_gather_for_generation=False)
+    with pytest.raises(ValueError, match="name@k"):
+        config(tmp_path, parallel_eval_steps=5, parallel_eval_benchmarks=["aime25"])
 
 
 @pytest.mark.parametrize(

@@ -188,10 +188,6 @@ def test_paper_eval_recipe_is_the_papers_protocol():
     assert config.benchmark_specs() == [("aime24", 16), ("aime25", 16), ("amc23", 16), ("math500", 1)]  # §2 step 5
     assert config.temperature == 1.0 and config.top_p == 1.0 and config.prompt_template == "parallel"
     _, training, _ = parse("grpo", RECIPES / "Qwen3-4B-Base" / "grpo" / "unseen_s2.yaml")
-    assert (config.attention, config.rollout_mode, config.num_paths, config.max_blocks) == (
-        training.attention,
-        training.rollout_mode,
-        training.num_paths,
-        training.max_blocks,
-    )  # the rollout of training
+    rollout = ("attention", "rollout_mode", "num_paths", "max_blocks", "max_path_tokens", "max_summary_tokens")
+    assert [getattr(config, key) for key in rollout] == [getattr(training, key) for key in rollout]  # as in training
     assert config.max_completion_tokens == training.max_completion_length == 3000

@@ -39,13 +39,19 @@ class EvaluationConfig:
     )
     num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel>."})
     max_blocks: int = field(default=4, metadata={"help": "Blocks per completion (then <Parallel> is banned)."})
-    max_path_tokens: int = field(default=4096, metadata={"help": "Sampled tokens per path."})
-    max_summary_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per summary."})
+    max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path (as in training)."})
+    max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary (as in training)."})
     max_completion_tokens: int = field(default=3000, metadata={"help": "Tokens per completion, all included."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the sampler (per batch on the transformers backend)."})
+    seed: int = field(
+        default=0,
+        metadata={
+            "help": "Seed: of each batch on the transformers backend (with the batch's first item), of the offline "
+            "vLLM engine; a server samples with its own."
+        },
+    )
     batch_size: int = field(default=64, metadata={"help": "Completions per generation call (and per write)."})
     backend: str = field(
         default="transformers",
@@ -82,8 +88,16 @@ class EvaluationConfig:
         return parse_benchmarks(self.benchmarks)
 
     def settings(self) -> dict:
-        """What decides the completions (a resumed evaluation must have the same)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("output_dir", "label", "batch_size")}
+        """What decides the completions (a resumed evaluation must have the same); how to run them is free."""
+        free = (
+            "output_dir",
+            "label",
+            "batch_size",
+            "vllm_server_url",
+            "vllm_gpu_memory_utilization",
+            "vllm_enforce_eager",
+        )
+        return {k: v for k, v in asdict(self).items() if k not in free}
 
 
 def parse_benchmarks(benchmarks: list) -> list[tuple[str, int]]:

@@ -7,9 +7,10 @@ answer it gives, and its shape. For a benchmark of P problems with n samples eac
 - pass@k, for every k <= n: the mean over problems of the unbiased estimator 1 - C(n - c_i, k) / C(n, k)
   (Chen et al. 2021, as lighteval computes it): the chance that at least one of k samples drawn without
   replacement from the n is correct. Exact, not a bootstrap.
-- cons@n: majority vote. Each problem's answers (None excluded) are compared by `answers.normalize`; the most
-  frequent wins, a tie going to the answer given first; the problem counts as solved when that answer was
-  judged correct. A problem without any answer is not solved.
+- cons@n: majority vote. Each problem's answers (None excluded) are grouped by their `answers.normalize`
+  spelling (so `1/2` and `\\frac12` are two different votes); the most frequent wins, a tie going to the answer
+  given first; the problem counts as solved when that answer was judged correct. A problem without any answer
+  is not solved.
 - Standard errors: the sample standard deviation over problems of the per-problem value, divided by sqrt(P)
   (0 for one problem).
 - Shape, over all completions of the benchmark: parallel ratio (share with at least one block and
@@ -114,7 +115,8 @@ def shape_metrics(records: list) -> dict:
 
 
 def summarize(records: list) -> dict:
-    """Per benchmark (in order of first appearance) and the average over benchmarks of every shared key."""
+    """Per benchmark (in order of first appearance), and averages over benchmarks (each weighing the same) of
+    the mean accuracy (the paper's "average of means"), the parallel ratio and D/T."""
     by_benchmark: dict = {}
     for record in records:
         by_benchmark.setdefault(record["benchmark"], []).append(record)

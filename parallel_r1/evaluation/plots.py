@@ -1,7 +1,7 @@
 """Strategy-evolution plots (PNG): how accuracy, the parallel ratio, where blocks open and D/T move over training.
 
 Inputs: evaluation folders (one per checkpoint; the step is the checkpoint's, else the folder's rank in the
-list) and/or a trainer's `trainer_state.json` (its logged `parallel/*` metrics and reward).
+list) and/or a trainer's `trainer_state.json` (its logged `parallel/*` metrics, reward and `eval/*/mean@k`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,18 @@ def load_evaluations(folders: list) -> list:
     return sorted(loaded, key=lambda item: item[0])
 
 
-def plot_evaluations(folders: list, output_dir: Path) -> list:
+def plot_evaluations(runs: list, output_dir: Path) -> list:
+    """The three evaluation plots of `load_evaluations(...)`, over the benchmarks every run has (same k)."""
     plt = _pyplot()
-    runs = load_evaluations(folders)
     steps = [step for step, _, _ in runs]
-    names = list(runs[0][1]["benchmarks"])
+    first = runs[0][1]["benchmarks"]
+    names = [
+        name
+        for name, metrics in first.items()
+        if all(r["benchmarks"].get(name, {}).get("samples") == metrics["samples"] for _, r, _ in runs)
+    ]
+    if not names:
+        raise ValueError("the evaluation folders share no benchmark (with the same number of samples) to plot")
     written = []
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
@@ -87,17 +94,19 @@ def plot_evaluations(folders: list, output_dir: Path) -> list:
 
 
 def plot_trainer_state(path: Path, output_dir: Path) -> list:
-    """The trainer's logged parallel ratio, reward, D/T and block position over its steps."""
+    """The trainer's logged parallel ratio, reward, D/T, block position and in-training accuracies over its steps."""
     plt = _pyplot()
     history = json.loads(Path(path).read_text()).get("log_history", [])
-    present = [key for key in TRAINING_KEYS if any(key in entry for entry in history)]
+    evaluated = sorted({key for entry in history for key in entry if key.startswith("eval/") and "/mean@" in key})
+    labels = {**TRAINING_KEYS, **{key: key.removeprefix("eval/") for key in evaluated}}
+    present = [key for key in labels if any(key in entry for entry in history)]
     if not present:
         raise ValueError(f"{path} logs none of {list(TRAINING_KEYS)}: is it a ParallelGRPOTrainer's state?")
     fig, axes = plt.subplots(len(present), 1, figsize=(8, 2.6 * len(present)), sharex=True, squeeze=False)
     for axis, key in zip(axes[:, 0], present):
         points = [(entry["step"], entry[key]) for entry in history if key in entry]
         axis.plot(*zip(*points), marker=".")
-        axis.set(ylabel=TRAINING_KEYS[key])
+        axis.set(ylabel=labels[key])
         axis.grid(alpha=0.3)
     axes[0, 0].set_title(f"Training curves ({Path(path).parent.name})")
     axes[-1, 0].set_xlabel("training step")

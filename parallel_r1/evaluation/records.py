@@ -2,7 +2,7 @@
 
 A record holds the problem (benchmark, index, id, text, reference), the sample index, the completion as text
 (tags included) and as token ids, its extracted answer and correctness, and its shape (`format.stats` of the
-ids when the tokenizer has the tags, of the text otherwise). Every number of an evaluation is computed from
+ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an evaluation is computed from
 these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
 
 Each process appends to its own shard (`shards/rank-<i>.jsonl`) and flushes after every batch; a line cut by
@@ -16,13 +16,15 @@ import json
 from pathlib import Path
 
 from ..answers import extract_answer, extract_reference, is_correct
-from ..format import parse, stats
+from ..format import TagVocab, parse, stats
+
+NO_TAGS = TagVocab(ids={})
 
 
 def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab) -> dict:
     """The record of one completion. `problem` is a `problem_record`."""
     text = tokenizer.decode(completion_ids, skip_special_tokens=True)
-    shape = stats(parse(completion_ids, vocab) if vocab is not None else parse(text))
+    shape = stats(parse(completion_ids, vocab or NO_TAGS))  # in tokens; without tag tokens every token is text
     return {
         **problem,
         "sample": sample,
@@ -57,13 +59,11 @@ def problem_record(benchmark: str, index: int, row: dict) -> dict:
 
 
 def read_lines(path: Path) -> list:
-    """The complete JSON lines of a file (a last line cut by a crash is dropped, and cut off the file)."""
+    """The complete JSON lines of a file (a last line cut by a crash, or still being written, is left out)."""
     if not path.exists():
         return []
     raw = path.read_bytes()
     complete = raw[: raw.rfind(b"\n") + 1]
-    if len(complete) != len(raw):
-        path.write_bytes(complete)
     return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
 
 
@@ -80,7 +80,9 @@ class ShardWriter:
     def __init__(self, folder: Path, rank: int):
         path = folder / "shards" / f"rank-{rank}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        read_lines(path)  # drop a line cut by an earlier crash before appending
+        if path.exists():  # cut off a line left unfinished by a crash before appending (only this shard's writer does)
+            raw = path.read_bytes()
+            path.write_bytes(raw[: raw.rfind(b"\n") + 1])
         self.file = path.open("a", encoding="utf-8")
 
     def write(self, records: list) -> None:

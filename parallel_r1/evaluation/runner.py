@@ -46,15 +46,18 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     if vocab is None and config.rollout_mode != "plain":
         raise ValueError(f"{path} has no parallel tags in its tokenizer: use rollout_mode='plain' to evaluate it")
     if state.is_main_process:
-        _check_settings(folder, config, path)
-    state.wait_for_everyone()
+        _check_settings(folder, config, model_args)
     sampler = _Sampler(config, model_args, tokenizer, vocab, state)
+    state.wait_for_everyone()
     done = {rec.key(r) for r in rec.read_shards(folder)}
+    state.wait_for_everyone()  # every process knows what is done before any writes: they split the same list
     writer = rec.ShardWriter(folder, state.process_index)
+    expected = set()
     try:
         for name, k in config.benchmark_specs():
             problems = load_problems(name, config.split, template=config.prompt_template, limit=config.max_problems)
             rows = [rec.problem_record(name, i, row) for i, row in enumerate(problems)]
+            expected |= {(name, i, s) for i in range(len(rows)) for s in range(k)}
             missing = [(i, s) for i in range(len(rows)) for s in range(k) if (name, i, s) not in done]
             with state.split_between_processes(missing) as mine:
                 bar = tqdm(
@@ -77,7 +80,12 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     state.wait_for_everyone()
     if not state.is_main_process:
         return {}
-    return write_results(folder, config, model_args, rec.read_shards(folder))
+    records = [r for r in rec.read_shards(folder) if rec.key(r) in expected]
+    if len(records) != len(expected):
+        raise RuntimeError(
+            f"{len(expected) - len(records)} completions are missing from {folder}/shards: run it again"
+        )
+    return write_results(folder, config, model_args, records)
 
 
 def write_results(folder: Path, config: EvaluationConfig, model_args, records: list) -> dict:
@@ -195,11 +203,17 @@ def _generation_eos(path: str, revision: str | None) -> set:
     return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
 
-def _check_settings(folder: Path, config: EvaluationConfig, model: str) -> None:
-    """Write run.json, or check that the folder's earlier run had the same model (path and, for a local folder,
-    weight files) and settings."""
+def _check_settings(folder: Path, config: EvaluationConfig, model_args) -> None:
+    """Write run.json, or check that the folder's earlier run had the same model (path, revision and, for a
+    local folder, weight files) and settings."""
     folder.mkdir(parents=True, exist_ok=True)
-    run = {"model": model, "weights": _weight_files(model), "settings": config.settings()}
+    model = model_args.model_name_or_path
+    run = {
+        "model": model,
+        "revision": model_args.model_revision,
+        "weights": _weight_files(model),
+        "settings": config.settings(),
+    }
     path = folder / "run.json"
     if not path.exists():
         path.write_text(json.dumps(run, indent=2) + "\n")
@@ -210,8 +224,8 @@ def _check_settings(folder: Path, config: EvaluationConfig, model: str) -> None:
     changed = sorted(k for k in run["settings"] if before["settings"].get(k) != run["settings"][k])
     if before.get("weights") != run["weights"]:
         changed.insert(0, "the model's weight files")
-    if before["model"] != model:
-        changed.insert(0, "model_name_or_path")
+    if before["model"] != model or before.get("revision") != run["revision"]:
+        changed.insert(0, "model_name_or_path / model_revision")
     raise ValueError(
         f"{folder} holds an evaluation with other settings ({', '.join(changed)}): resume it with the same "
         "arguments, or choose another output_dir"
@@ -230,7 +244,15 @@ def _weight_files(model: str) -> dict:
 def _model_info(model_args) -> dict:
     """Path, revision and, for a local checkpoint, its training step."""
     path = Path(model_args.model_name_or_path)
-    info = {"name_or_path": model_args.model_name_or_path, "revision": model_args.model_revision, "step": None}
+    from transformers import AutoConfig
+
+    commit = getattr(AutoConfig.from_pretrained(str(path), revision=model_args.model_revision), "_commit_hash", None)
+    info = {
+        "name_or_path": model_args.model_name_or_path,
+        "revision": model_args.model_revision,
+        "commit": commit,  # the Hub commit the files came from (None for a local folder)
+        "step": None,
+    }
     state = path / "trainer_state.json"
     if state.exists():
         info["step"] = json.loads(state.read_text()).get("global_step")

@@ -28,6 +28,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
 from ..evaluation.callback import InTrainingEvaluation
+from ..evaluation.config import parse_benchmarks
 from ..format import parse, stats
 from ..grammar import Grammar, GrammarForward
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
@@ -101,6 +102,13 @@ class ParallelGRPOConfig(GRPOConfig):
             self.rollout_config()  # fail at start-up on bad budgets
         if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
             raise ValueError("parallel_eval_steps must be >= 0 and parallel_eval_problems >= 1")
+        if self.parallel_eval_steps and not self.ds3_gather_for_generation:
+            raise ValueError(
+                "parallel_eval_steps needs ds3_gather_for_generation: without it every decoding step of the evaluation "
+                "is a collective step, and processes decode different lengths"
+            )
+        if self.parallel_eval_steps:
+            parse_benchmarks(self.parallel_eval_benchmarks)
         if self.parallel_eval_steps and self.rollout_mode == "trl":
             raise ValueError(
                 "parallel_eval_steps evaluates with the fork-join engine: it needs rollout_mode fork or sequential"
