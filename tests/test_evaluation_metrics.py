@@ -108,3 +108,37 @@ def test_summary_and_table():
     table = markdown_table([{"label": "tiny", **summary}])
     assert "| tiny | 50.0 | 25.0 / 100.0 | 25.0 | 25.0 |" in table  # mean@4 / pass@4, then mean@1
     assert "aime24 (mean@4 / pass@4)" in table and "math500 (mean@1)" in table
+
+
+def test_parallel_ratio_and_critical_path_of_hand_written_completions(tiny_tokenizer):
+    """Scored from their token ids as the harness scores them: one parallel completion, one plain, one malformed."""
+    from parallel_r1.evaluation.records import score
+    from parallel_r1.tokens import tag_vocab
+
+    vocab = tag_vocab(tiny_tokenizer)
+    tag = vocab.ids
+    encode = lambda text: tiny_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    short, long, summary = encode(" two"), encode(" three and four"), encode(" ok")
+    parallel = encode("Think.") + [tag["<Parallel>"], tag["<Path>"], *short, tag["</Path>"], tag["<Path>"], *long]
+    parallel += [tag["</Path>"], tag["</Parallel>"], *encode("\n"), tag["<Summary>"], *summary, tag["</Summary>"]]
+    parallel += encode(" Final Answer: 7")
+    plain = encode("Just add. Final Answer: 7")
+    broken = encode("Hmm") + [tag["<Parallel>"], tag["<Path>"], *short, tag["</Path>"]]
+    problem = {"benchmark": "b", "problem_index": 0, "problem_id": "0", "prompt": "p", "reference": "7"}
+    rows = [score(problem, s, ids, "eos", tiny_tokenizer, vocab) for s, ids in enumerate([parallel, plain, broken])]
+    assert [r["has_parallel"] for r in rows] == [True, False, False]
+    assert [r["well_formed"] for r in rows] == [True, True, False] and [r["correct"] for r in rows] == [
+        True,
+        True,
+        False,
+    ]
+    m = benchmark_metrics(rows)
+    assert m["parallel_ratio"] == pytest.approx(1 / 3) and m["format_valid"] == pytest.approx(2 / 3)
+    saved = len(short) + 2  # the shorter path, its tags included, is off the critical path
+    total = len(parallel) + len(plain) + len(broken)
+    assert rows[0]["tokens_critical"] == len(parallel) - saved
+    assert rows[2]["tokens_critical"] == len(broken)  # one path: nothing runs beside it
+    assert m["critical_over_total"] == pytest.approx((total - saved) / total)
+    assert m["block_position"] == pytest.approx(
+        (len(encode("Think.")) / len(parallel) + len(encode("Hmm")) / len(broken)) / 2
+    )
