@@ -11,8 +11,8 @@ completions.jsonl; an interrupted run restarted with the same arguments samples 
 """
 
 import logging
-import sys
 
+from parallel_r1.cli import run
 from parallel_r1.configs import eval_parser
 from parallel_r1.evaluation.runner import evaluate
 
@@ -26,8 +26,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as problem:  # the user's input: one line, no traceback
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    run(main)

@@ -6,9 +6,9 @@ paper's table with one row per evaluation folder (table.md).
 """
 
 import argparse
-import sys
 from pathlib import Path
 
+from parallel_r1.cli import run
 from parallel_r1.evaluation.plots import load_evaluations, plot_evaluations, plot_trainer_state
 from parallel_r1.evaluation.report import markdown_table
 
@@ -44,8 +44,4 @@ def _with_step(results: dict) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as problem:  # the user's input: one line, no traceback
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    run(main)
