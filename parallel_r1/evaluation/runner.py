@@ -115,6 +115,18 @@ class _Sampler:
         path = model_args.model_name_or_path
         self.eos = {tokenizer.eos_token_id} | _generation_eos(path, model_args.model_revision)
         self.model = self.llm = self.client = None
+        self.separator = tokenizer.encode("\n", add_special_tokens=False)
+        self.rollout = None
+        if config.rollout_mode != "plain":
+            self.rollout = RolloutConfig(
+                mode=config.rollout_mode,
+                attention=config.attention,
+                num_paths=config.num_paths,
+                max_blocks=config.max_blocks,
+                max_path_tokens=config.max_path_tokens,
+                max_summary_tokens=config.max_summary_tokens,
+                max_completion_tokens=config.max_completion_tokens,
+            )
         if config.backend != "transformers" and state.num_processes > 1:
             raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
         if config.backend == "transformers":
@@ -167,17 +179,7 @@ class _Sampler:
                     Segment(s, max_new=cfg.max_completion_tokens, end_ids=frozenset(self.eos)) for s in streams
                 ]
                 return [(d.tokens, "eos" if d.finish == "end" else "length") for d in backend.decode(segments)]
-            rollout = RolloutConfig(
-                mode=cfg.rollout_mode,
-                attention=cfg.attention,
-                num_paths=cfg.num_paths,
-                max_blocks=cfg.max_blocks,
-                max_path_tokens=cfg.max_path_tokens,
-                max_summary_tokens=cfg.max_summary_tokens,
-                max_completion_tokens=cfg.max_completion_tokens,
-            )
-            separator = self.tokenizer.encode("\n", add_special_tokens=False)
-            engine = ForkJoinEngine(backend, self.vocab, self.eos, separator, rollout)
+            engine = ForkJoinEngine(backend, self.vocab, self.eos, self.separator, self.rollout)
             return [(r.completion_ids, r.finish) for r in engine.generate(prompts)]
 
 

@@ -129,7 +129,7 @@ class ForkJoinEngine:
             stop_ids=allowed - eos,
             end_ids=allowed & eos,
             closer=closer,
-            banned=frozenset(self.grammar.controlled) - allowed,
+            banned=self.grammar.banned(phase, blocks),
         )
 
     def _segments(self, state: _State) -> list[Segment]:
