@@ -15,6 +15,7 @@ from parallel_r1.evaluation import EvaluationConfig, markdown_table, summarize
 from parallel_r1.evaluation import records as rec
 from parallel_r1.evaluation.runner import evaluate
 from parallel_r1.format import parse
+from parallel_r1.resume import AppendLog, read_lines
 from parallel_r1.tokens import tag_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def test_writes_the_table_the_json_and_the_completions(evaluated, tag_prone_dir)
     assert saved["settings"]["benchmarks"] == SMALL["benchmarks"] and saved["settings"]["temperature"] == 1.0
     assert saved["settings"]["seed"] == 0 and saved["settings"]["prompt_template"] == "parallel"
     assert "torch" in saved["versions"] and saved["model"]["name_or_path"] == str(tag_prone_dir)
-    records = rec.read_lines(out / "completions.jsonl")
+    records = read_lines(out / "completions.jsonl")
     assert len(records) == 2 * 3 * 4 and len({rec.key(r) for r in records}) == len(records)
     vocab = tag_vocab(__import__("transformers").AutoTokenizer.from_pretrained(tag_prone_dir))
     assert any(r["blocks"] for r in records)  # the tag-prone model opens blocks, kept in the text
@@ -82,14 +83,14 @@ def test_a_retrained_model_in_the_same_folder_is_refused(tag_prone_dir, tmp_path
     run(model, tmp_path / "out", benchmarks=["gsm8k@1"], max_problems=1)
     weights = model / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved anew
-    with pytest.raises(ValueError, match="weight files"):
+    with pytest.raises(ValueError, match="weights"):
         run(model, tmp_path / "out", benchmarks=["gsm8k@1"], max_problems=1)
 
 
 def test_an_interrupted_evaluation_resumes_without_losing_or_repeating(tag_prone_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
     writes = []
-    original = rec.ShardWriter.write
+    original = AppendLog.write
 
     def crash_on_third_batch(self, records):
         if len(writes) == 2:
@@ -99,14 +100,14 @@ def test_an_interrupted_evaluation_resumes_without_losing_or_repeating(tag_prone
         writes.append([rec.key(r) for r in records])
         original(self, records)
 
-    monkeypatch.setattr(rec.ShardWriter, "write", crash_on_third_batch)
+    monkeypatch.setattr(AppendLog, "write", crash_on_third_batch)
     with pytest.raises(KeyboardInterrupt):
         run(tag_prone_dir, out)
     kept = {key: r for key, r in ((rec.key(r), r) for r in rec.read_shards(out))}
     assert len(kept) == 8  # two batches of four were written before the crash
-    monkeypatch.setattr(rec.ShardWriter, "write", original)
+    monkeypatch.setattr(AppendLog, "write", original)
     run(tag_prone_dir, out)
-    records = rec.read_lines(out / "completions.jsonl")
+    records = read_lines(out / "completions.jsonl")
     keys = [rec.key(r) for r in records]
     expected = {(b, i, s) for b in ("gsm8k", "amc23") for i in range(3) for s in range(4)}
     assert len(keys) == len(set(keys)) and set(keys) == expected
@@ -142,7 +143,7 @@ def test_a_model_without_tags_needs_plain_decoding(tmp_path):
         run(model_dir, tmp_path / "out")
     results = run(model_dir, tmp_path / "out2", rollout_mode="plain", benchmarks=["gsm8k@2"], max_problems=2)
     assert results["benchmarks"]["gsm8k"]["parallel_ratio"] == 0.0
-    for r in rec.read_lines(tmp_path / "out2" / "completions.jsonl"):
+    for r in read_lines(tmp_path / "out2" / "completions.jsonl"):
         assert r["tokens_total"] == r["tokens_critical"] == len(r["completion_ids"])  # tokens, as for tagged models
 
 
@@ -153,8 +154,8 @@ def test_reading_a_shard_leaves_a_line_being_written_alone(tmp_path):
     before = shard.read_bytes()
     assert [rec.key(r) for r in rec.read_shards(tmp_path)] == [("b", 0, 0)]
     assert shard.read_bytes() == before  # another process may still be writing it
-    rec.ShardWriter(tmp_path, 0).close()  # its own writer cuts the unfinished line before appending
-    assert shard.read_text().endswith("}\n") and len(rec.read_lines(shard)) == 1
+    rec.shard_writer(tmp_path, 0).close()  # its own writer cuts the unfinished line before appending
+    assert shard.read_text().endswith("}\n") and len(read_lines(shard)) == 1
 
 
 @pytest.mark.slow
@@ -219,7 +220,7 @@ def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = rec.read_lines(out / "completions.jsonl")
+    records = read_lines(out / "completions.jsonl")
     assert len(records) == 16 and any(r["blocks"] for r in records)
     tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
     grammar = Grammar(tag_vocab(tokenizer), frozenset({tokenizer.eos_token_id}), max_blocks=2)
@@ -245,14 +246,14 @@ def test_two_processes_share_the_work_and_resume_without_repeats(tag_prone_dir, 
 
     launch()
     shards = sorted((out / "shards").glob("rank-*.jsonl"))
-    assert [p.name for p in shards] == ["rank-0.jsonl", "rank-1.jsonl"] and all(rec.read_lines(p) for p in shards)
-    first = rec.read_lines(out / "completions.jsonl")
+    assert [p.name for p in shards] == ["rank-0.jsonl", "rank-1.jsonl"] and all(read_lines(p) for p in shards)
+    first = read_lines(out / "completions.jsonl")
     keys = [rec.key(r) for r in first]
     assert len(keys) == len(set(keys)) == 2 * 3 * 4
     lines = shards[1].read_text().splitlines(keepends=True)
     shards[1].write_text("".join(lines[:-3]) + lines[-3][:20])  # rank 1 "crashed": three rows lost, one cut
     launch()
-    again = rec.read_lines(out / "completions.jsonl")
+    again = read_lines(out / "completions.jsonl")
     assert sorted(rec.key(r) for r in again) == sorted(keys)
     kept = {rec.key(r): r for r in first}
     assert sum(r == kept[rec.key(r)] for r in again) >= len(keys) - 3  # only the lost rows were sampled again

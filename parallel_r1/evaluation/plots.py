@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .records import read_lines
+from ..resume import read_lines
 
 TRAINING_KEYS = {
     "parallel/ratio": "parallel ratio",

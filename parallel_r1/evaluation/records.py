@@ -5,8 +5,8 @@ A record holds the problem (benchmark, index, id, text, reference), the sample i
 ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an evaluation is computed from
 these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
 
-Each process appends to its own shard (`shards/rank-<i>.jsonl`) and flushes after every batch; a line cut by
-a crash is dropped when the shard is read back. A record is keyed by (benchmark, problem_index, sample):
+Each process appends to its own shard (`shards/rank-<i>.jsonl`, a `resume.AppendLog`) after every batch; a
+line cut by a crash is dropped when the shard is read back. A record is keyed by (benchmark, problem_index, sample):
 a restarted evaluation skips the keys it already has.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..answers import extract_answer, extract_reference, is_correct
 from ..format import TagVocab, parse, stats
+from ..resume import AppendLog, read_lines
 
 NO_TAGS = TagVocab(ids={})
 
@@ -58,15 +59,6 @@ def problem_record(benchmark: str, index: int, row: dict) -> dict:
     }
 
 
-def read_lines(path: Path) -> list:
-    """The complete JSON lines of a file (a last line cut by a crash, or still being written, is left out)."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
-
-
 def read_shards(folder: Path) -> list:
     """Every record written so far, each key once."""
     records = {}
@@ -76,22 +68,9 @@ def read_shards(folder: Path) -> list:
     return list(records.values())
 
 
-class ShardWriter:
-    def __init__(self, folder: Path, rank: int):
-        path = folder / "shards" / f"rank-{rank}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():  # cut off a line left unfinished by a crash before appending (only this shard's writer does)
-            raw = path.read_bytes()
-            path.write_bytes(raw[: raw.rfind(b"\n") + 1])
-        self.file = path.open("a", encoding="utf-8")
-
-    def write(self, records: list) -> None:
-        for record in records:
-            self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
+def shard_writer(folder: Path, rank: int) -> AppendLog:
+    """The append log of one process's shard."""
+    return AppendLog(folder / "shards" / f"rank-{rank}.jsonl")
 
 
 def write_completions(path: Path, records: list) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..data import load_problems
+from ..resume import check_settings
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, Segment, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend
 from ..tokens import has_parallel_tokens, tag_vocab
@@ -52,7 +53,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     state.wait_for_everyone()
     done = {rec.key(r) for r in rec.read_shards(folder)}
     state.wait_for_everyone()  # every process knows what is done before any writes: they split the same list
-    writer = rec.ShardWriter(folder, state.process_index)
+    writer = rec.shard_writer(folder, state.process_index)
     expected = set()
     try:
         for name, k in config.benchmark_specs():
@@ -209,30 +210,9 @@ def _generation_eos(path: str, revision: str | None) -> set:
 def _check_settings(folder: Path, config: EvaluationConfig, model_args) -> None:
     """Write run.json, or check that the folder's earlier run had the same model (path, revision and, for a
     local folder, weight files) and settings."""
-    folder.mkdir(parents=True, exist_ok=True)
     model = model_args.model_name_or_path
-    run = {
-        "model": model,
-        "revision": model_args.model_revision,
-        "weights": _weight_files(model),
-        "settings": config.settings(),
-    }
-    path = folder / "run.json"
-    if not path.exists():
-        path.write_text(json.dumps(run, indent=2) + "\n")
-        return
-    before = json.loads(path.read_text())
-    if before == run:
-        return
-    changed = sorted(k for k in run["settings"] if before["settings"].get(k) != run["settings"][k])
-    if before.get("weights") != run["weights"]:
-        changed.insert(0, "the model's weight files")
-    if before["model"] != model or before.get("revision") != run["revision"]:
-        changed.insert(0, "model_name_or_path / model_revision")
-    raise ValueError(
-        f"{folder} holds an evaluation with other settings ({', '.join(changed)}): resume it with the same "
-        "arguments, or choose another output_dir"
-    )
+    run = {"model": model, "revision": model_args.model_revision, "weights": _weight_files(model)}
+    check_settings(folder, {**run, **config.settings()}, "an evaluation")
 
 
 def _weight_files(model: str) -> dict:

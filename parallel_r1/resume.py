@@ -1,0 +1,70 @@
+"""Work that survives a kill: append-only JSON-lines records, and the settings a folder was started with.
+
+- `read_lines(path)`: the complete lines of a JSON-lines file. A last line without its newline (cut by a kill,
+  or still being written) is left out.
+- `AppendLog(path)`: appends records, one JSON line each. On opening it cuts such an unfinished line; every
+  `write` ends with a flush and an fsync, so a record is either whole on disk or dropped by the next reader.
+- `check_settings(folder, run, what)`: the first run in a folder writes its settings to `run.json`; a later run
+  must bring the same, or it is refused with the names of the settings that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def read_lines(path: Path) -> list:
+    """The complete JSON lines of a file (none if it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+
+
+class AppendLog:
+    """Append JSON records to one file; a single writer per file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            raw = self.path.read_bytes()
+            self.path.write_bytes(raw[: raw.rfind(b"\n") + 1])
+        self.file = self.path.open("a", encoding="utf-8")
+
+    def write(self, records: list) -> None:
+        for record in records:
+            self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> AppendLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_settings(folder: Path, run: dict, what: str) -> None:
+    """Write `folder/run.json` (the flat dict `run`), or raise a ValueError naming the keys in which `run` differs
+    from the one an earlier run wrote there."""
+    folder, run = Path(folder), json.loads(json.dumps(run))  # as JSON reads it back: tuples are lists
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "run.json"
+    if not path.exists():
+        path.write_text(json.dumps(run, indent=2) + "\n")
+        return
+    before = json.loads(path.read_text())
+    changed = [key for key in dict.fromkeys([*run, *before]) if before.get(key) != run.get(key)]
+    if changed:
+        raise ValueError(
+            f"{folder} holds {what} with other settings ({', '.join(changed)}): resume it with the same "
+            "arguments, or choose another output_dir"
+        )
