@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, TrlParser
 
+from .cold_start.config import ColdStartConfig
 from .evaluation.config import EvaluationConfig
 from .trainers.grpo import ParallelGRPOConfig
 from .trainers.sft import ParallelSFTConfig
@@ -108,3 +109,11 @@ EVAL_ARGUMENTS = (EvaluationConfig, ModelConfig)
 def eval_parser() -> TrlParser:
     """The parser of `scripts/evaluate.py`: (EvaluationConfig, ModelConfig)."""
     return TrlParser(EVAL_ARGUMENTS)
+
+
+# --------------------------------------------------------------------------- cold-start data
+
+
+def cold_start_parser() -> TrlParser:
+    """The parser of `scripts/generate_cold_start.py`: (ColdStartConfig,)."""
+    return TrlParser((ColdStartConfig,))

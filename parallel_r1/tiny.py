@@ -6,7 +6,8 @@ the six tags added through `tokens.add_parallel_tokens`) and a randomly initiali
 `Qwen3ForCausalLM` with head_dim 32 (vLLM's CPU attention refuses smaller heads) and a few spare
 embedding rows, like the real Qwen3 bases.
 
-    python -m parallel_r1.tiny outputs/tiny-qwen3   # writes a model directory
+    python -m parallel_r1.tiny outputs/tiny-qwen3                  # writes a model directory
+    python -m parallel_r1.tiny outputs/tiny-teacher --teacher      # a stand-in cold-start teacher
 """
 
 from __future__ import annotations
@@ -116,6 +117,61 @@ def make_tag_prone(model, tokenizer, strength: float = 5.0, seed: int = 1) -> No
             head[token] = strength * direction / direction.norm()
 
 
+def teacher_trace(answer: str) -> str:
+    """The trace the tiny teacher learns for a problem whose answer is `answer`: one block of two paths."""
+    return (
+        "Let me work it out.\n<Parallel>\n<Path>\nCounting gives "
+        f"{answer}.\n</Path>\n<Path>\nChecking gives {answer}.\n</Path>\n</Parallel>\n<Summary>\n"
+        f"Both paths give {answer}.\n</Summary>\nFinal Answer: {answer}"
+    )
+
+
+def teach(model, tokenizer, conversations: list, max_steps: int = 400, target_loss: float = 0.01) -> float:
+    """Fit `model` to (chat prompt, answer text) pairs by full-batch Adam on the answers' tokens, until the loss
+    reaches `target_loss`: a tiny stand-in for a real teacher, not a training recipe. Returns the last loss."""
+    sequences, labels = [], []
+    for prompt, answer in conversations:
+        prompt_ids = tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        answer_ids = tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        sequences.append(list(prompt_ids) + answer_ids)
+        labels.append([-100] * len(prompt_ids) + answer_ids)
+    width = max(map(len, sequences))
+    input_ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in sequences])
+    targets = torch.tensor([t + [-100] * (width - len(t)) for t in labels])
+    attention_mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(max_steps):
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=targets).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < target_loss:
+            break
+    model.eval()
+    return loss.item()
+
+
+def save_tiny_teacher(output_dir: str | Path, num_problems: int = 3) -> Path:
+    """A tiny model taught `teacher_trace` for the first `num_problems` GSM8K train problems (parallel prompt), and
+    saved: the offline teacher of the cold-start tests and demo. On other problems it writes one of the traces it
+    knows, so its answers there are well-formed and wrong."""
+    from .answers import extract_reference
+    from .data import load_problems
+
+    output_dir = Path(output_dir)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer)
+    problems = load_problems("gsm8k", "train", limit=num_problems)
+    loss = teach(model, tokenizer, [(p["prompt"], teacher_trace(extract_reference(p["answer"]))) for p in problems])
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    logger.info("Tiny teacher (final loss %.4f on %d problems) written to %s", loss, num_problems, output_dir)
+    return output_dir
+
+
 def save_tiny(output_dir: str | Path, tag_prone: bool = False, **model_kwargs) -> Path:
     """Build the tokenizer and model and save both to `output_dir` (a model directory vLLM can load)."""
     output_dir = Path(output_dir)
@@ -134,9 +190,10 @@ def save_tiny(output_dir: str | Path, tag_prone: bool = False, **model_kwargs) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_dir")
+    parser.add_argument("--teacher", action="store_true", help="the tiny stand-in teacher (save_tiny_teacher)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    save_tiny(args.output_dir)
+    (save_tiny_teacher if args.teacher else save_tiny)(args.output_dir)
 
 
 if __name__ == "__main__":

@@ -412,7 +412,9 @@ def test_sft_with_no_usable_trace_is_refused_saying_why():
 
 
 def test_sft_missing_response_column_is_named():
-    with pytest.raises(ValueError, match="no response column: expected one of response, output, text"):
+    with pytest.raises(
+        ValueError, match="no response column: expected one of response, extra_info.answer, output, text, completion"
+    ):
         to_sft_traces(Dataset.from_list([{"question": "1+1?", "answer": "2", "reply": "2"}]))
     data = to_sft_traces(
         Dataset.from_list([{"question": "1+1?", "answer": "2", "reply": "1+1=2\nFinal Answer: 2"}]),

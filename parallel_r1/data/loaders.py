@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..format import parse, strip_tags
 from . import DATA_DIR
-from .prompts import FINAL_ANSWER, build_prompt, check_template
+from .prompts import FINAL_ANSWER, PROMPT_MARKER, TEMPLATES, build_prompt, check_template
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -52,8 +52,12 @@ PROBLEM_LAYOUTS = (
 # (problem, response, answer) column triples; answer None: taken from the trace's Final Answer line.
 SFT_LAYOUTS = (
     ("question", "response", "answer"),  # the shipped sample
-    ("prompt", "output", "reward_model.ground_truth"),  # Parallel-R1's verl SFT parquet
+    # Parallel-R1's verl SFT parquet: what its SFT trains on (the response with its tag whitespace normalised)
+    ("prompt", "extra_info.answer", "reward_model.ground_truth"),
+    ("prompt", "output", "reward_model.ground_truth"),  # the same parquet, raw teacher output
     ("problem", "text", None),  # the cold-start set on the Hub, as the official preprocessing reads it
+    ("prompt", "completion", "answer"),  # prompt-completion sets (ours: scripts/generate_cold_start.py)
+    ("prompt", "completion", None),
 )
 ID_COLUMNS = ("id", "unique_id", "index", "extra_info.index")
 
@@ -78,9 +82,10 @@ def problem_text(cell) -> str:
 
     - A chat list (verl layout) stands for the content of its last user turn.
     - DAPO-Math-17k's instruction wrapper (its fixed first and last paragraphs, see DAPO_PREFIX and
-      DAPO_SUFFIX) is removed, from text and chat cells alike.
-    - Otherwise, in a chat cell holding PROBLEM_MARKER (Parallel-R1's own prompt), the problem is
-      what follows the first marker.
+      DAPO_SUFFIX) is removed.
+    - A prompt built by `build_prompt` (any template) gives back its problem.
+    - Otherwise, in a chat cell holding PROBLEM_MARKER (Parallel-R1's own prompt), the problem is what
+      follows the first marker.
     """
     is_chat = isinstance(cell, list)
     if is_chat:
@@ -94,6 +99,9 @@ def problem_text(cell) -> str:
     if text.startswith(DAPO_PREFIX):
         text = text[len(DAPO_PREFIX) :].strip()
         return text[: -len(DAPO_SUFFIX)].strip() if text.endswith(DAPO_SUFFIX) else text
+    for instruction in TEMPLATES.values():
+        if text.startswith(instruction + PROMPT_MARKER):
+            return text[len(instruction + PROMPT_MARKER) :].strip()
     if is_chat and PROBLEM_MARKER in cell:
         return cell.split(PROBLEM_MARKER, 1)[1].strip()
     return text
@@ -377,6 +385,12 @@ def _text(value) -> str:
 
 
 def _response(value) -> str:
+    """A response cell: text, or a chat list whose last assistant turn is the response."""
+    if isinstance(value, list):
+        turns = [t for t in value if isinstance(t, dict) and t.get("role") == "assistant"]
+        value = turns[-1].get("content") if turns else None
+        if value is None:
+            raise ValueError("a chat completion with no assistant turn")
     if not isinstance(value, str):
-        raise ValueError(f"a response must be text, got {type(value).__name__}: {value!r}")
+        raise ValueError(f"a response must be text or a chat list, got {type(value).__name__}: {value!r}")
     return value

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN
 
 FINAL_ANSWER = "Final Answer:"
+PROMPT_MARKER = "\n\nProblem:\n"  # between the instruction and the problem
 
 _ENDING = f"When you are done, write your result on a last line of its own, in the form\n{FINAL_ANSWER} <your answer>"
 
@@ -48,4 +49,4 @@ def build_prompt(problem: str, template: str = "parallel") -> list[dict]:
     check_template(template)
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"the problem must be a non-empty string, got {problem!r}")
-    return [{"role": "user", "content": f"{TEMPLATES[template]}\n\nProblem:\n{problem.strip()}"}]
+    return [{"role": "user", "content": f"{TEMPLATES[template]}{PROMPT_MARKER}{problem.strip()}"}]

@@ -1,0 +1,182 @@
+"""What a cold-start recipe sets (`scripts/generate_cold_start.py`): the teacher, the questions, the sampling, the
+filters and the output."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..data import check_template
+
+BACKENDS = ("transformers", "vllm", "openai")
+
+# What decides the teacher's samples: a restart in the same folder must have the same. The filters are applied
+# anew to every sample on each run, so they may change; so may the backend, its connection and max_problems.
+GENERATION_SETTINGS = (
+    "model_name_or_path",
+    "model_revision",
+    "dataset_name",
+    "dataset_config",
+    "dataset_split",
+    "question_column",
+    "answer_column",
+    "prompt_template",
+    "num_samples",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+)
+
+
+@dataclass
+class ColdStartConfig:
+    output_dir: str = field(
+        metadata={"help": "Folder of samples.jsonl (every answer), train.parquet, report.md/json/png and run.json."}
+    )
+    model_name_or_path: str = field(metadata={"help": "The teacher: a local folder or a Hub id."})
+    model_revision: str | None = field(default=None, metadata={"help": "The teacher's Hub revision."})
+    dtype: str = field(default="auto", metadata={"help": "Teacher weights dtype (transformers and vllm backends)."})
+
+    # Questions
+    dataset_name: str = field(
+        default="gsm8k",
+        metadata={"help": "Problems: a shipped set (gsm8k), a local .jsonl/.json/.parquet file or a Hub dataset id."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of the problems."})
+    question_column: str | None = field(default=None, metadata={"help": "Column of the problem, if not a known one."})
+    answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
+    max_problems: int | None = field(
+        default=None, metadata={"help": "Only the first N problems (raise it later to extend a run in place)."}
+    )
+    prompt_template: str = field(
+        default="parallel",
+        metadata={"help": "The instruction around each problem (data.TEMPLATES); the student's SFT prompt too."},
+    )
+
+    # Sampling
+    num_samples: int = field(default=1, metadata={"help": "Answers asked of the teacher per problem."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
+    max_new_tokens: int = field(default=4096, metadata={"help": "Tokens the teacher may write per answer."})
+    seed: int = field(
+        default=0,
+        metadata={
+            "help": "Seed of the run: each answer is drawn with a seed made from it, the problem id and the sample "
+            "index, so a restarted run draws the same answers (transformers: one seed per problem)."
+        },
+    )
+
+    # Backend
+    backend: str = field(
+        default="transformers",
+        metadata={
+            "help": "'transformers' (small runs, CPU or one GPU), 'vllm' (an offline vllm.LLM on this node's GPUs) "
+            "or 'openai' (any OpenAI-compatible server: vLLM, TGI, SGLang, a hosted API).",
+            "choices": list(BACKENDS),
+        },
+    )
+    base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "openai: the server's /v1 URL."})
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "openai: the model name the server knows (default: model_name_or_path)."}
+    )
+    api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "openai: the environment variable holding the API key (unset: 'EMPTY', as vLLM takes)."},
+    )
+    concurrency: int = field(default=64, metadata={"help": "openai: requests in flight at once."})
+    request_timeout: float = field(default=600.0, metadata={"help": "openai: seconds before a request is retried."})
+    max_retries: int = field(
+        default=5, metadata={"help": "openai: retries of a failed request, with exponential back-off."}
+    )
+    chunk_size: int = field(
+        default=1024, metadata={"help": "vllm: answers per generate call (each call's answers are saved at its end)."}
+    )
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vllm: GPUs per model replica."})
+    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vllm: GPU memory share."})
+    vllm_max_model_length: int | None = field(default=None, metadata={"help": "vllm: context length."})
+    vllm_enforce_eager: bool = field(default=False, metadata={"help": "vllm: no CUDA graphs."})
+
+    # Filters (REFERENCE §2 step 2: the paper kept well-formed answers ending with a Final Answer line that fit
+    # 4096 tokens with the prompt)
+    drop_reasoning: bool = field(
+        default=True,
+        metadata={"help": "Keep only what follows the last </think> (reasoning teachers such as DeepSeek-R1)."},
+    )
+    require_finished: bool = field(
+        default=True, metadata={"help": "Reject answers cut by max_new_tokens (finish reason 'length')."}
+    )
+    require_well_formed: bool = field(default=True, metadata={"help": "Reject answers the tag parser rejects."})
+    require_final_answer: bool = field(
+        default=True, metadata={"help": "Reject answers whose last line is not 'Final Answer: ...'."}
+    )
+    require_correct: bool = field(
+        default=True,
+        metadata={"help": "Reject answers that do not match the reference (not in the paper's filter)."},
+    )
+    require_block: bool = field(
+        default=False, metadata={"help": "Reject answers with no <Parallel> block (the paper kept them)."}
+    )
+    student_tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "The student's tokenizer, with the tags (for max_length and the token counts)."},
+    )
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "Reject traces longer than this many student tokens, chat template and prompt included."},
+    )
+    normalize_whitespace: bool = field(
+        default=True,
+        metadata={
+            "help": "Remove the whitespace between a block's <Parallel>, paths and </Parallel>, as the "
+            "official training data has it."
+        },
+    )
+    rewrite_final_answer: bool = field(
+        default=True,
+        metadata={"help": "Write a correct trace's Final Answer line as the reference spells it (official data)."},
+    )
+    drop_exact_duplicates: bool = field(
+        default=True, metadata={"help": "Keep one of the answers to a problem that are the same text."}
+    )
+    near_duplicate_threshold: float | None = field(
+        default=0.9,
+        metadata={
+            "help": "Drop an answer whose word-trigram Jaccard similarity to a kept answer to the same "
+            "problem reaches this (None: off)."
+        },
+    )
+    max_traces_per_question: int | None = field(
+        default=None, metadata={"help": "Keep at most this many traces per problem (the lowest sample indices)."}
+    )
+
+    # Output
+    push_to_hub: bool = field(default=False, metadata={"help": "Push the dataset and its report to the Hub."})
+    hub_dataset_id: str | None = field(default=None, metadata={"help": "The Hub dataset to push to (owner/name)."})
+    hub_private: bool = field(default=False, metadata={"help": "Make the pushed dataset private."})
+
+    def __post_init__(self):
+        check_template(self.prompt_template)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        for name in ("num_samples", "max_new_tokens", "concurrency", "chunk_size", "vllm_tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_problems", "max_length", "max_traces_per_question"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 or None, got {getattr(self, name)}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
+        if self.near_duplicate_threshold is not None and not 0 < self.near_duplicate_threshold <= 1:
+            raise ValueError(
+                f"near_duplicate_threshold must be in (0, 1] or None, got {self.near_duplicate_threshold}"
+            )
+        if self.max_length is not None and not self.student_tokenizer:
+            raise ValueError("max_length counts the student's tokens: set student_tokenizer too")
+        if self.push_to_hub and not self.hub_dataset_id:
+            raise ValueError("push_to_hub needs hub_dataset_id (owner/name)")
+
+    def generation_settings(self) -> dict:
+        """The settings a restart in the same output_dir must share (GENERATION_SETTINGS)."""
+        values = asdict(self)
+        return {name: values[name] for name in GENERATION_SETTINGS}

@@ -1,0 +1,185 @@
+"""Teachers: ask a model for answers to chat prompts, through transformers, an offline vLLM or an OpenAI-compatible
+server, and hand each answer back as soon as it is there.
+
+`make_teacher(config)` builds one; `teacher.ask(requests)` yields `(request, answer)` pairs, in any order, where an
+answer is an `Answer` or, for a request that failed for good (a server that kept refusing), the exception. Every
+request carries its own seed (`sample_seed`), so the answer to (problem, sample) does not depend on what else is
+asked with it: a restarted run draws the same answers. The transformers backend draws the samples of a problem
+together, under the problem's seed (`problem_seed`): it is asked for whole problems and answers the samples asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from itertools import groupby
+
+from .config import ColdStartConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    question_id: str
+    sample: int
+    messages: list  # the chat prompt
+    seed: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    finish: str  # "stop" (ended on its own) or "length" (cut by max_new_tokens)
+    tokens: int | None  # tokens the teacher wrote, when known
+
+
+def problem_seed(seed: int, question_id: str) -> int:
+    return zlib.crc32(f"{seed}/{question_id}".encode())
+
+
+def sample_seed(seed: int, question_id: str, sample: int) -> int:
+    return zlib.crc32(f"{seed}/{question_id}/{sample}".encode())
+
+
+def make_teacher(config: ColdStartConfig):
+    return {"transformers": TransformersTeacher, "vllm": VLLMTeacher, "openai": EndpointTeacher}[config.backend](
+        config
+    )
+
+
+class TransformersTeacher:
+    """`generate` on one problem at a time (no padding, so no batch effects): for small runs and tests."""
+
+    def __init__(self, config: ColdStartConfig):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path, revision=config.model_revision)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(
+            config.model_name_or_path, revision=config.model_revision, dtype=config.dtype
+        ).to(device)
+        self.model.eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None} | {self.tokenizer.eos_token_id}
+
+    def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
+        import torch
+
+        cfg = self.config
+        for question_id, group in groupby(requests, key=lambda r: r.question_id):
+            group = list(group)
+            prompt = self.tokenizer.apply_chat_template(
+                group[0].messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
+            prompt = {k: v.repeat(cfg.num_samples, 1).to(self.model.device) for k, v in prompt.items()}  # no padding
+            torch.manual_seed(problem_seed(cfg.seed, question_id))
+            sampling = {"do_sample": False}
+            if cfg.temperature > 0:
+                sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
+            with torch.no_grad():
+                output = self.model.generate(
+                    **prompt,
+                    **sampling,
+                    max_new_tokens=cfg.max_new_tokens,
+                    eos_token_id=sorted(self.eos),
+                    pad_token_id=self.tokenizer.pad_token_id or next(iter(self.eos)),
+                )
+            written = output[:, prompt["input_ids"].shape[1] :].tolist()
+            for request in group:
+                ids = written[request.sample]
+                end = next((i for i, t in enumerate(ids) if t in self.eos), None)
+                ids = ids if end is None else ids[:end]
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                yield request, Answer(text, "length" if end is None else "stop", len(ids) + (end is not None))
+
+
+class VLLMTeacher:
+    """An offline `vllm.LLM` (tensor parallel over `vllm_tensor_parallel_size` GPUs), `chunk_size` answers a call."""
+
+    def __init__(self, config: ColdStartConfig):
+        from vllm import LLM
+
+        self.config = config
+        self.llm = LLM(
+            model=config.model_name_or_path,
+            revision=config.model_revision,
+            dtype=config.dtype,
+            seed=config.seed,
+            tensor_parallel_size=config.vllm_tensor_parallel_size,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            max_model_len=config.vllm_max_model_length,
+            enforce_eager=config.vllm_enforce_eager,
+            enable_prefix_caching=True,
+        )
+
+    def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
+        from vllm import SamplingParams
+
+        cfg = self.config
+        for start in range(0, len(requests), cfg.chunk_size):
+            chunk = requests[start : start + cfg.chunk_size]
+            params = [
+                SamplingParams(
+                    temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, seed=r.seed
+                )
+                for r in chunk
+            ]
+            outputs = self.llm.chat([r.messages for r in chunk], params, use_tqdm=False)
+            for request, output in zip(chunk, outputs):
+                completion = output.outputs[0]
+                finish = "length" if completion.finish_reason == "length" else "stop"
+                yield request, Answer(completion.text, finish, len(completion.token_ids))
+
+
+class EndpointTeacher:
+    """Chat completions from an OpenAI-compatible server through the `openai` client, `concurrency` in flight; the
+    client retries refused or timed-out requests `max_retries` times with exponential back-off."""
+
+    def __init__(self, config: ColdStartConfig):
+        from openai import OpenAI
+
+        self.config = config
+        self.model = config.served_model_name or config.model_name_or_path
+        self.client = OpenAI(
+            base_url=config.base_url,
+            api_key=os.environ.get(config.api_key_env) or "EMPTY",
+            timeout=config.request_timeout,
+            max_retries=config.max_retries,
+        )
+
+    def _one(self, request: Request) -> Answer:
+        cfg = self.config
+        response = self.client.chat.completions.create(
+            model=self.model,
+            messages=request.messages,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_new_tokens,
+            seed=request.seed,
+            n=1,
+        )
+        choice = response.choices[0]
+        tokens = response.usage.completion_tokens if response.usage else None
+        return Answer(choice.message.content or "", "length" if choice.finish_reason == "length" else "stop", tokens)
+
+    def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer | Exception]]:
+        pool = ThreadPoolExecutor(self.config.concurrency)
+        try:
+            futures = {pool.submit(self._one, r): r for r in requests}
+            for future in as_completed(futures):
+                try:
+                    yield futures[future], future.result()
+                except Exception as error:  # noqa: BLE001 - reported per request, the others go on
+                    logger.warning(
+                        "request %s/%d failed: %s", futures[future].question_id, futures[future].sample, error
+                    )
+                    yield futures[future], error
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
