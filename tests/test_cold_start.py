@@ -94,7 +94,9 @@ def test_the_token_budget_counts_the_student_tokens_of_prompt_and_trace(tiny_tok
     assert too_long == expected and 100 < len(too_long) < 241
     row = records[0]
     chat = [*build_prompt(row["problem"]), {"role": "assistant", "content": verdicts[0].trace}]
-    assert lengths[row["question_id"]] == len(tiny_tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False))
+    assert lengths[row["question_id"]] == len(
+        tiny_tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False)
+    )
 
 
 def test_a_wrong_answer_is_rejected_by_default_and_kept_unrewritten_without_the_check():

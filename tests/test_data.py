@@ -395,6 +395,42 @@ def test_sft_in_the_parallel_r1_verl_layout():
     ]
 
 
+def test_sft_in_the_official_training_layout_trains_on_extra_info_answer():
+    """The official SFT trains on extra_info.answer (the teacher's output with its tag whitespace normalised), not on
+    `output`: a row of that layout, with or without `output`, gives that text."""
+    question = "A farmer has 5 cows and buys 3 more. How many cows?"
+    raw = "5 + 3 = 8.\n<Parallel>\n<Path>5+3=8</Path>\n<Path>3+5=8</Path>\n</Parallel>\n<Summary>8</Summary>\nFinal Answer: 8"
+    trained = raw.replace(">\n<P", "><P").replace("</Path>\n</Parallel>", "</Path></Parallel>")
+    prompt = [{"role": "user", "content": f"Their instruction.\n\nProblem: {question}"}]
+    extra = {"question": prompt[0]["content"], "answer": trained, "index": 3, "split": "train"}
+    row = {"prompt": prompt, "output": raw, "reward_model": {"ground_truth": "8"}, "extra_info": extra}
+    for layout in (row, {k: v for k, v in row.items() if k != "output"}):
+        data = to_sft_traces(Dataset.from_list([layout])).to_list()
+        assert data == [{"prompt": build_prompt(question), "completion": [{"role": "assistant", "content": trained}],
+                         "answer": "8", "id": "3"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_sft_in_a_prompt_completion_layout(chat):
+    """Plain prompt/completion columns (text or chat), with or without an answer column; a prompt built by our own
+    template gives back its problem, so the instruction is not wrapped twice."""
+    trace = "<Parallel><Path>6*7=42</Path><Path>7*6=42</Path></Parallel>\n<Summary>42</Summary>\nFinal Answer: 42"
+    prompt = build_prompt("What is 6 times 7?")
+    rows = [
+        {"prompt": prompt if chat else prompt[0]["content"],
+         "completion": [{"role": "assistant", "content": trace}] if chat else trace}
+    ]  # fmt: skip
+    data = to_sft_traces(Dataset.from_list(rows)).to_list()
+    assert data[0]["prompt"] == prompt and data[0]["completion"][0]["content"] == trace and data[0]["answer"] == "42"
+    with_answer = to_sft_traces(Dataset.from_list([{**rows[0], "answer": "forty-two"}]))
+    assert with_answer[0]["answer"] == "forty-two"
+
+
+def test_sft_in_an_unknown_layout_names_the_columns():
+    with pytest.raises(ValueError, match="no question column.*columns present in dataset: messages, source"):
+        to_sft_traces(Dataset.from_list([{"messages": "hi", "source": "x"}]))
+
+
 def test_sft_in_the_hub_cold_start_layout_takes_the_answer_from_the_final_answer_line():
     rows = [
         {"problem": "What is 6 times 7?", "text": "6 * 7 = 42.\n\nFinal Answer: 42"},

@@ -8,7 +8,15 @@ import yaml
 from peft import LoraConfig
 from trl import ModelConfig, get_peft_config
 
-from parallel_r1.configs import GRPOScriptArguments, SFTScriptArguments, eval_parser, grpo_parser, sft_parser
+from parallel_r1.cold_start import ColdStartConfig
+from parallel_r1.configs import (
+    GRPOScriptArguments,
+    SFTScriptArguments,
+    cold_start_parser,
+    eval_parser,
+    grpo_parser,
+    sft_parser,
+)
 from parallel_r1.data import load_sft_traces
 from parallel_r1.evaluation import EvaluationConfig
 from parallel_r1.rewards import get_reward_funcs
@@ -36,11 +44,12 @@ def parse(stage, path, *cli):
 
 
 EVAL = sorted(RECIPES.glob("*/eval/*.yaml")) + [RECIPES / "tiny" / "eval.yaml"]
+COLD_START = sorted(RECIPES.glob("*/cold_start/*.yaml")) + [RECIPES / "tiny" / "cold_start.yaml"]
 
 
 def test_every_recipe_is_covered():
     yamls = set(RECIPES.rglob("*.yaml"))
-    assert yamls == {path for _, path in ALL} | set(EVAL), "a recipe no stage parses"
+    assert yamls == {path for _, path in ALL} | set(EVAL) | set(COLD_START), "a recipe no stage parses"
     assert len(PAPER_SFT) >= 3 and (RECIPES / "tiny" / "sft.yaml").exists()
     names = {p.stem for p in PAPER_GRPO}
     assert names >= {"unseen_s1", "unseen_s2", "seen_gsm8k", "seen_dapo", "baseline_dapo", "mid_training"}
@@ -60,7 +69,7 @@ def test_recipe_parses(stage, path):
 @pytest.mark.parametrize("path", PAPER_SFT, ids=[p.name for p in PAPER_SFT])
 def test_paper_sft_settings(path):
     script_args, args, model_args = parse("sft", path)
-    assert script_args.dataset_name == "TongZheng1999/Deepseek-Qwen-3-8B-GSM8k-Parallel-data-Adaptive-Thinking-v2"
+    assert script_args.dataset_name == "Parallel-R1/parallel-r1-cold-start-filter"  # 5.91k rows, not the pilot's 341
     assert model_args.model_name_or_path == "Qwen/Qwen3-4B-Base"
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * GPUS_PER_NODE == 128
     assert (args.num_train_epochs, args.lr_scheduler_type.value, args.warmup_steps) == (5, "cosine", 0.1)
@@ -191,3 +200,22 @@ def test_paper_eval_recipe_is_the_papers_protocol():
     rollout = ("attention", "rollout_mode", "num_paths", "max_blocks", "max_path_tokens", "max_summary_tokens")
     assert [getattr(config, key) for key in rollout] == [getattr(training, key) for key in rollout]  # as in training
     assert config.max_completion_tokens == training.max_completion_length == 3000
+
+
+@pytest.mark.parametrize("path", COLD_START, ids=[str(p.relative_to(RECIPES)) for p in COLD_START])
+def test_cold_start_recipe_parses(path):
+    (config,) = cold_start_parser().parse_args_and_config(["--config", str(path)])
+    assert isinstance(config, ColdStartConfig) and config.model_name_or_path and config.output_dir
+    header = path.read_text().split("\n\n")[0]
+    assert f"scripts/generate_cold_start.py --config recipes/{path.relative_to(RECIPES)}" in header
+
+
+def test_the_papers_teacher_recipe_is_the_papers_pipeline():
+    path = RECIPES / "DeepSeek-R1-0528-Qwen3-8B" / "cold_start" / "gsm8k.yaml"
+    (config,) = cold_start_parser().parse_args_and_config(["--config", str(path)])
+    assert config.model_name_or_path == "deepseek-ai/DeepSeek-R1-0528-Qwen3-8B"  # REFERENCE §2 step 2
+    assert (config.dataset_name, config.dataset_split, config.num_samples) == ("gsm8k", "train", 1)
+    assert (config.student_tokenizer, config.max_length, config.prompt_template) == (
+        "Qwen/Qwen3-4B-Base", 4096, "parallel")  # fmt: skip
+    assert config.require_well_formed and config.require_final_answer and config.drop_reasoning
+    assert "vllm serve deepseek-ai/DeepSeek-R1-0528-Qwen3-8B --data-parallel-size 8" in path.read_text()
