@@ -4,8 +4,8 @@
   or still being written) is left out.
 - `AppendLog(path)`: appends records, one JSON line each. On opening it cuts such an unfinished line; every
   `write` ends with a flush and an fsync, so a record is either whole on disk or dropped by the next reader.
-- `check_settings(folder, run, what)`: the first run in a folder writes its settings to `run.json`; a later run
-  must bring the same, or it is refused with the names of the settings that differ.
+- `check_settings(folder, run, what, has_records)`: the first run in a folder writes its settings to `run.json`;
+  once records exist, a later run must bring the same, or it is refused with the names of the settings that differ.
 """
 
 from __future__ import annotations
@@ -52,13 +52,14 @@ class AppendLog:
         self.close()
 
 
-def check_settings(folder: Path, run: dict, what: str) -> None:
+def check_settings(folder: Path, run: dict, what: str, has_records: bool) -> None:
     """Write `folder/run.json` (the flat dict `run`), or raise a ValueError naming the keys in which `run` differs
-    from the one an earlier run wrote there."""
+    from the one an earlier run wrote there. A folder without records yet (`has_records` false: an earlier run
+    failed before its first one, say on a mistyped model path) takes the new settings."""
     folder, run = Path(folder), json.loads(json.dumps(run))  # as JSON reads it back: tuples are lists
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "run.json"
-    if not path.exists():
+    if not path.exists() or not has_records:
         path.write_text(json.dumps(run, indent=2) + "\n")
         return
     before = json.loads(path.read_text())

@@ -231,7 +231,10 @@ def test_a_run_keeps_the_known_traces_and_reports_every_answer(teacher_dir, tmp_
 
 def test_a_restart_asks_nothing_new_and_other_settings_are_refused(teacher_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    generate_cold_start(tiny_run(teacher_dir, out, max_problems=2, num_samples=2))
+    (tmp_path / "not-a-model").mkdir()
+    with pytest.raises((OSError, ValueError)):  # a mistyped teacher fails before any answer...
+        generate_cold_start(tiny_run(tmp_path / "not-a-model", out, max_problems=2, num_samples=2))
+    generate_cold_start(tiny_run(teacher_dir, out, max_problems=2, num_samples=2))  # ...and does not lock the folder
     before = (out / "samples.jsonl").read_bytes()
 
     def no_teacher(config):
@@ -323,3 +326,23 @@ def test_an_openai_compatible_server_answers_as_transformers_does(teacher_dir, t
     assert theirs == greedy(teacher_dir, tmp_path / "hf")
     assert rows_of(tmp_path / "server") == rows_of(tmp_path / "hf")
     assert [r["reason"] for r in read_lines(tmp_path / "server" / "rejected.jsonl")].count("exact_duplicate") >= 3
+
+
+def test_push_to_hub_uses_datasets_own_push_and_sends_the_report(teacher_dir, tmp_path, monkeypatch):
+    """No Hub here: the two client calls are recorded instead of sent."""
+    from datasets import Dataset
+    from huggingface_hub import HfApi
+
+    calls = []
+    monkeypatch.setattr(
+        Dataset, "push_to_hub", lambda self, repo, **kw: calls.append(("dataset", repo, len(self), kw))
+    )
+    monkeypatch.setattr(
+        HfApi, "upload_file", lambda self, **kw: calls.append(("file", kw["path_in_repo"], kw["repo_id"]))
+    )
+    run = tiny_run(
+        teacher_dir, tmp_path / "run", max_problems=3, push_to_hub=True, hub_dataset_id="me/cold", hub_private=True
+    )
+    generate_cold_start(run)
+    assert calls[0] == ("dataset", "me/cold", len(rows_of(tmp_path / "run")), {"private": True})
+    assert {c[1] for c in calls[1:]} == {"cold_start/report.md", "cold_start/report.json", "cold_start/report.png"}

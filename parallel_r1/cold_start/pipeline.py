@@ -53,7 +53,8 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
         for row in problems
     }
     tokenizer = student_tokenizer(config.student_tokenizer)
-    check_settings(folder, config.generation_settings(), "a cold-start generation")
+    has_records = bool(read_lines(folder / SAMPLES))
+    check_settings(folder, config.generation_settings(), "a cold-start generation", has_records)
     ask_teacher(config, questions, folder / SAMPLES, tokenizer)
     answers = {(r["question_id"], r["sample"]): r for r in reversed(read_lines(folder / SAMPLES))}
     records = [answers[(q, s)] for q in questions for s in range(config.num_samples)]

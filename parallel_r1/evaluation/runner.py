@@ -212,7 +212,7 @@ def _check_settings(folder: Path, config: EvaluationConfig, model_args) -> None:
     local folder, weight files) and settings."""
     model = model_args.model_name_or_path
     run = {"model": model, "revision": model_args.model_revision, "weights": _weight_files(model)}
-    check_settings(folder, {**run, **config.settings()}, "an evaluation")
+    check_settings(folder, {**run, **config.settings()}, "an evaluation", has_records=bool(rec.read_shards(folder)))
 
 
 def _weight_files(model: str) -> dict:
