@@ -28,6 +28,7 @@ from parallel_r1.cold_start import (
     pipeline,
     select,
 )
+from parallel_r1.cold_start.report import build_report
 from parallel_r1.data import DATA_DIR, build_prompt
 from parallel_r1.format import parse, stats, strip_tags
 from parallel_r1.resume import read_lines
@@ -79,6 +80,11 @@ def test_the_paper_filters_on_the_real_traces_keep_338_and_say_why_3_go():
     assert Counter(judge(r, blockless).reason for r in real_traces())["no_block"] == 3
     lenient = config(require_well_formed=False)
     assert all(judge(r, lenient).reason is None for r in real_traces())
+    report = build_report(verdicts, config(), num_problems=341)
+    assert report["kept"] == 338 and report["rejected"]["malformed"] == 3 and sum(report["rejected"].values()) == 3
+    assert report["problem_rates"]["valid_format"] == pytest.approx(338 / 341)  # the paper's figure: 83.7%
+    assert report["correctness"] == {"paper_filter_passes": 338, "of_which_wrong": 0, "wrong_share": 0.0}
+    assert report["shape"]["blocks_per_trace"][0] == 3 and report["length"]["unit"] == "characters"
 
 
 def test_the_token_budget_counts_the_student_tokens_of_prompt_and_trace(tiny_tokenizer):

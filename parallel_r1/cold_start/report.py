@@ -11,7 +11,8 @@ from tabulate import tabulate
 from .config import ColdStartConfig
 from .filters import RULES, Verdict
 
-PAPER_VALID_RATE = 0.837  # REFERENCE §2 step 2: GSM8K problems for which the teacher wrote a valid trace
+PAPER_VALID_RATE = 0.837  # REFERENCE §2 step 2: GSM8K problems for which the teacher wrote a valid trace (the
+# paper's format check: well-formed, ending with a Final Answer line)
 FILTER_KEYS = (
     "drop_reasoning",
     "require_finished",
@@ -32,9 +33,6 @@ def build_report(verdicts: list[Verdict], config: ColdStartConfig, num_problems:
     """Every figure of the run, from the verdicts of all its answers."""
     kept = [v for v in verdicts if v.reason is None]
     n = max(len(verdicts), 1)
-    by_problem = {}
-    for v in verdicts:
-        by_problem.setdefault(v.question_id, []).append(v)
     fits = [v.checks["num_tokens"] is None or config.max_length is None or v.checks["num_tokens"] <= config.max_length
             for v in verdicts]  # fmt: skip
     paper = [c and v.checks["well_formed"] and v.checks["final_answer"] for v, c in zip(verdicts, fits)]
@@ -55,11 +53,11 @@ def build_report(verdicts: list[Verdict], config: ColdStartConfig, num_problems:
         }
         | {"kept": len(kept) / n},
         "problem_rates": {
-            "valid_format": sum(any(v.checks["well_formed"] for v in vs) for vs in by_problem.values())
-            / max(len(by_problem), 1),
+            "valid_format": _share_of_problems(
+                verdicts, lambda v: v.checks["well_formed"] and v.checks["final_answer"]
+            ),
             "paper_valid_format": PAPER_VALID_RATE,
-            "with_a_kept_trace": sum(any(v.reason is None for v in vs) for vs in by_problem.values())
-            / max(len(by_problem), 1),
+            "with_a_kept_trace": _share_of_problems(verdicts, lambda v: v.reason is None),
         },
         "correctness": {
             "paper_filter_passes": sum(paper),
@@ -98,7 +96,7 @@ def report_markdown(report: dict) -> str:
                 ("answers correct", f"{rates['correct']:.1%}"),
                 ("answers with a <Parallel> block", f"{rates['has_block']:.1%}"),
                 (
-                    "problems with a well-formed answer (paper: 83.7% of GSM8K)",
+                    "problems with a valid answer: well-formed, a Final Answer line (paper: 83.7% of GSM8K)",
                     f"{problems['valid_format']:.1%}",
                 ),
                 ("problems with a kept trace", f"{problems['with_a_kept_trace']:.1%}"),
@@ -151,6 +149,14 @@ def plot_report(verdicts: list[Verdict], report: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _share_of_problems(verdicts: list[Verdict], test) -> float:
+    """The share of problems with at least one answer that passes `test`."""
+    passed = {}
+    for v in verdicts:
+        passed[v.question_id] = passed.get(v.question_id, False) or bool(test(v))
+    return sum(passed.values()) / max(len(passed), 1)
 
 
 def _histogram(values) -> dict:
