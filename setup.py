@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "pyyaml",
     "tabulate",
     "matplotlib>=3.9,<4",
+    "openai>=2.25,<4",  # the cold-start teacher behind an OpenAI-compatible server
 ]
 
 EXTRAS = {

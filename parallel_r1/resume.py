@@ -16,13 +16,21 @@ from pathlib import Path
 
 
 def read_lines(path: Path) -> list:
-    """The complete JSON lines of a file (none if it does not exist)."""
+    """The complete JSON lines of a file (none if it does not exist). Lines end at `\n` only: a JSON string may
+    hold U+2028 or U+0085, which `str.splitlines` would take for line ends."""
     path = Path(path)
     if not path.exists():
         return []
     raw = path.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(raw[: raw.rfind(b"\n") + 1].split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as error:
+            raise ValueError(f"{path}, line {number}, is not a JSON record ({error}): move the file away") from None
+    return records
 
 
 class AppendLog:
@@ -32,8 +40,11 @@ class AppendLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            raw = self.path.read_bytes()
-            self.path.write_bytes(raw[: raw.rfind(b"\n") + 1])
+            with self.path.open("r+b") as f:  # cut an unfinished last line in place; the rest is never rewritten
+                size = f.seek(0, os.SEEK_END)
+                if size and (f.seek(size - 1) is None or f.read(1) != b"\n"):
+                    f.seek(0)
+                    f.truncate(f.read().rfind(b"\n") + 1)
         self.file = self.path.open("a", encoding="utf-8")
 
     def write(self, records: list) -> None:

@@ -7,7 +7,7 @@
 The recipe fills `parallel_r1.cold_start.ColdStartConfig`; command-line flags override it. The output folder gets
 samples.jsonl (every answer, kept as it arrives), train.parquet (for scripts/sft.py: `dataset_name:
 <output_dir>/train.parquet`), rejected.jsonl and report.md/json/png. A run stopped at any point and started again
-with the same arguments asks only for the answers it lacks.
+with the same arguments keeps what it has and asks only for the answers it lacks.
 """
 
 import logging

@@ -5,11 +5,13 @@ result."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -282,6 +284,11 @@ def test_a_run_killed_mid_way_restarts_to_the_rows_of_an_uninterrupted_one(teach
     assert samples_of(killed) == samples_of(reference)
     assert rows_of(killed) == rows_of(reference)
 
+    lines = samples.read_bytes().split(b"\n")  # a kill between the two answers of a problem: 7 lines kept
+    samples.write_bytes(b"\n".join(lines[:7]) + b"\n")
+    generate_cold_start(tiny_run(teacher_dir, killed, **same))
+    assert samples_of(killed) == samples_of(reference)
+
 
 def test_the_generated_set_trains_a_step_in_the_sft_script(teacher_dir, tmp_path):
     out = tmp_path / "run"
@@ -298,11 +305,11 @@ def test_the_generated_set_trains_a_step_in_the_sft_script(teacher_dir, tmp_path
     assert state["global_step"] == 1
 
 
-def test_a_server_that_never_answers_fails_the_run_and_keeps_nothing_half_done(teacher_dir, tmp_path):
+def test_a_server_that_is_not_there_fails_the_run_at_its_first_request(teacher_dir, tmp_path):
     port = free_port()  # nothing listens there
     run = tiny_run(teacher_dir, tmp_path / "run", backend="openai", base_url=f"http://127.0.0.1:{port}/v1",
                    max_problems=2, num_samples=1, max_retries=1, request_timeout=5)  # fmt: skip
-    with pytest.raises(RuntimeError, match="2 of 2 requests failed after 1 retries"):
+    with pytest.raises(RuntimeError, match="did not answer a first request"):
         generate_cold_start(run)
     assert read_lines(tmp_path / "run" / "samples.jsonl") == []
 
@@ -352,3 +359,66 @@ def test_push_to_hub_uses_datasets_own_push_and_sends_the_report(teacher_dir, tm
     generate_cold_start(run)
     assert calls[0] == ("dataset", "me/cold", len(rows_of(tmp_path / "run")), {"private": True})
     assert {c[1] for c in calls[1:]} == {"cold_start/report.md", "cold_start/report.json", "cold_start/report.png"}
+
+
+def test_answers_cut_by_the_token_budget_are_truncated(teacher_dir, tmp_path):
+    report = generate_cold_start(tiny_run(teacher_dir, tmp_path / "run", max_problems=2, max_new_tokens=8,
+                                          require_finished=False, require_well_formed=False,
+                                          require_final_answer=False, require_correct=False))  # fmt: skip
+    assert {r["finish"] for r in read_lines(tmp_path / "run" / "samples.jsonl")} == {"length"}
+    assert report["answer_rates"]["finished"] == 0.0
+    with pytest.raises(ValueError, match="no answer passed the filters"):
+        generate_cold_start(tiny_run(teacher_dir, tmp_path / "run", max_problems=2, max_new_tokens=8))
+    assert not (tmp_path / "run" / "train.parquet").exists()  # the earlier set is not left to contradict the report
+    assert read_lines(tmp_path / "run" / "rejected.jsonl")[0]["reason"] == "truncated"
+
+
+class FlakyServer(http.server.ThreadingHTTPServer):
+    """An OpenAI-compatible chat endpoint that refuses its first call (503), stalls its second past the client's
+    timeout, then answers every call with the trace of problem 0 (answer 72)."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), FlakyHandler)
+        self.calls = 0
+
+
+class FlakyHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.calls += 1
+        if self.server.calls == 1:
+            self.send_response(503)
+            self.end_headers()
+            return
+        if self.server.calls == 2:
+            time.sleep(2)
+        body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": teacher_trace("72")}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 40, "total_tokens": 41}}  # fmt: skip
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_refused_and_stalled_requests_are_retried(teacher_dir, tmp_path):
+    server = FlakyServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = tiny_run(teacher_dir, tmp_path / "run", backend="openai", max_problems=2, num_samples=1,
+                       base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", concurrency=1,
+                       request_timeout=1, max_retries=2)  # fmt: skip
+        report = generate_cold_start(run)
+    finally:
+        server.shutdown()
+    assert server.calls == 4  # 503, then a retry that stalls past the timeout, a retry, then the second request
+    assert len(read_lines(tmp_path / "run" / "samples.jsonl")) == 2
+    assert (
+        report["kept"] == 1 and report["rejected"]["wrong_answer"] == 1
+    )  # problem 0's answer is 72, problem 1's is not

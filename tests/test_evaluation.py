@@ -257,3 +257,17 @@ def test_two_processes_share_the_work_and_resume_without_repeats(tag_prone_dir, 
     assert sorted(rec.key(r) for r in again) == sorted(keys)
     kept = {rec.key(r): r for r in first}
     assert sum(r == kept[rec.key(r)] for r in again) >= len(keys) - 3  # only the lost rows were sampled again
+
+
+def test_records_keep_unicode_line_separators_and_a_cut_line_is_cut_in_place(tmp_path):
+    path = tmp_path / "log.jsonl"
+    with AppendLog(path) as log:
+        log.write([{"text": "a\u2028b\u0085c\u2029d"}, {"text": "e"}])
+    path.write_bytes(path.read_bytes() + b'{"text": "f')  # a kill mid-line
+    assert read_lines(path) == [{"text": "a\u2028b\u0085c\u2029d"}, {"text": "e"}]
+    inode = path.stat().st_ino
+    AppendLog(path).close()
+    assert path.stat().st_ino == inode and path.read_bytes().endswith(b'"e"}\n')
+    path.write_bytes(path.read_bytes() + b"not json\n")
+    with pytest.raises(ValueError, match="line 3, is not a JSON record"):
+        read_lines(path)

@@ -10,10 +10,12 @@ from ..data import check_template
 BACKENDS = ("transformers", "vllm", "openai")
 
 # What decides the teacher's samples: a restart in the same folder must have the same. The filters are applied
-# anew to every sample on each run, so they may change; so may the backend, its connection and max_problems.
+# anew to every sample on each run, so they may change; so may the connection to a server and max_problems.
 GENERATION_SETTINGS = (
     "model_name_or_path",
     "model_revision",
+    "dtype",
+    "backend",  # the transformers backend seeds each problem, the others each answer
     "dataset_name",
     "dataset_config",
     "dataset_split",

@@ -5,15 +5,15 @@ against the per-answer rules, then normalised (`normalize_trace`) and measured i
 in sample order, the surviving traces are compared with the ones already kept. An answer is rejected by the first
 rule it breaks, in the order of RULES; a switched-off rule rejects nothing.
 
-    truncated        cut by max_new_tokens                                   require_finished
+    truncated        did not end on its own (finish reason not "stop")       require_finished
     malformed        the tag parser reports an error (`format.parse`)        require_well_formed
     no_final_answer  the last line is not `Final Answer: ...`                require_final_answer
     wrong_answer     the answer does not match the reference (`answers`)     require_correct
     no_block         no <Parallel> block                                     require_block
     too_long         over max_length student tokens, prompt included         max_length
-    exact_duplicate  the same text as a kept trace of the problem            drop_exact_duplicates
+    exact_duplicate  the text of a kept trace of the problem, up to spacing  drop_exact_duplicates
     near_duplicate   word-trigram Jaccard >= threshold with a kept trace     near_duplicate_threshold
-    over_cap         the problem already has its max_traces_per_question      max_traces_per_question
+    over_cap         the problem already has its max_traces_per_question     max_traces_per_question
 
 Every check is also recorded on its own (`Verdict.checks`), whatever rejected the answer, for the report's rates.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..answers import is_correct
 from ..data import FINAL_ANSWER, build_prompt, final_answer
-from ..format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, TAGS, parse, stats
+from ..format import BLANK, PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, TAGS, parse, stats
 from .config import ColdStartConfig
 
 RULES = (
@@ -40,11 +40,11 @@ RULES = (
     "over_cap",
 )
 THINK_CLOSE = "</think>"
-_BLANK = "[ \t\n\r\f\v]+"  # the parser's whitespace (format.BLANK)
+_BLANK = "[" + re.escape("".join(sorted(BLANK))) + "]+"  # the parser's whitespace
 _INSIDE_BLOCK = re.compile(
     f"({re.escape(PARALLEL_OPEN)}|{re.escape(PATH_CLOSE)}){_BLANK}(?={re.escape(PATH_OPEN)}|{re.escape(PARALLEL_CLOSE)})"
 )
-_LAST_LINE = re.compile(rf"([ \t]*{re.escape(FINAL_ANSWER)}).*?([ \t\n\r\f\v]*)\Z", re.DOTALL)
+_LAST_LINE = re.compile(rf"([ \t]*{re.escape(FINAL_ANSWER)}).*?({_BLANK}|)\Z", re.DOTALL)
 
 
 def clean_answer(text: str, drop_reasoning: bool = True) -> str:

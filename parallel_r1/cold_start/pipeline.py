@@ -6,8 +6,10 @@ The output folder holds
 - `run.json`: the settings that decide the teacher's answers (`ColdStartConfig.generation_settings`); a run with
   other such settings in the same folder is refused;
 - `samples.jsonl`: every answer, one line keyed by (question_id, sample), appended and synced as it arrives
-  (`resume.AppendLog`). A restart reads it back, asks only for the keys it lacks, and draws them with the seeds of
-  the first run, so a run killed at any point and restarted gives the rows of an uninterrupted one;
+  (`resume.AppendLog`). A restart reads it back, asks only for the keys it lacks (the transformers backend redraws
+  a problem it has in part, and keeps the lines it has), and draws them with the seeds of the first run: on a
+  deterministic backend (transformers on one machine) a run killed at any point and restarted gives the rows of an
+  uninterrupted one; vLLM, which is not batch-invariant, gives rows drawn the same way, not always the same rows;
 - `train.parquet`: the kept traces as prompt-completion rows that `scripts/sft.py` reads (plus answer, id, sample,
   problem, blocks, paths_per_block and, with a student tokenizer, num_tokens);
 - `rejected.jsonl`: each rejected answer with the rule that rejected it;
@@ -55,14 +57,20 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
     tokenizer = student_tokenizer(config.student_tokenizer)
     has_records = bool(read_lines(folder / SAMPLES))
     check_settings(folder, config.generation_settings(), "a cold-start generation", has_records)
-    ask_teacher(config, questions, folder / SAMPLES, tokenizer)
+    failed = ask_teacher(config, questions, folder / SAMPLES, tokenizer)
     answers = {(r["question_id"], r["sample"]): r for r in reversed(read_lines(folder / SAMPLES))}
-    records = [answers[(q, s)] for q in questions for s in range(config.num_samples)]
-    return write_outputs(config, records, len(questions), tokenizer)
+    keys = [(q, s) for q in questions for s in range(config.num_samples)]
+    report = write_outputs(config, [answers[k] for k in keys if k in answers], len(questions), tokenizer)
+    if failed:
+        raise RuntimeError(
+            f"{len(failed)} requests failed for good (first: {failed[0]}); the outputs hold the other answers. "
+            f"Run the same command again to ask for the missing ones"
+        )
+    return report
 
 
-def ask_teacher(config: ColdStartConfig, questions: dict, path: Path, tokenizer) -> None:
-    """Append to `path` the answers it lacks, one line each as they come; raise at the end if some failed."""
+def ask_teacher(config: ColdStartConfig, questions: dict, path: Path, tokenizer) -> list[str]:
+    """Append to `path` the answers it lacks, one line each as they come; returns the requests that failed."""
     done = {(r["question_id"], r["sample"]) for r in read_lines(path)}
     requests = [
         Request(q, s, build_prompt(row["problem"], config.prompt_template), sample_seed(config.seed, q, s))
@@ -73,7 +81,7 @@ def ask_teacher(config: ColdStartConfig, questions: dict, path: Path, tokenizer)
     if done:
         logger.info("%s: %d answers already there, %d to ask", path, len(done), len(requests))
     if not requests:
-        return
+        return []
     teacher = make_teacher(config)
     failed, counts = [], Counter()
     with AppendLog(path) as log, tqdm(total=len(requests), desc="teacher answers", unit="answer") as bar:
@@ -93,12 +101,7 @@ def ask_teacher(config: ColdStartConfig, questions: dict, path: Path, tokenizer)
             log.write([record])
             counts["passed" if judge(record, config, tokenizer).reason is None else "rejected"] += 1  # per answer
             bar.set_postfix(counts, refresh=False)
-    if failed:
-        raise RuntimeError(
-            f"{len(failed)} of {len(requests)} requests failed after {config.max_retries} retries (first: "
-            f"{failed[0]}); the {len(requests) - len(failed)} answers received are saved in {path}: run the same "
-            "command again to ask for the rest"
-        )
+    return failed
 
 
 def write_outputs(config: ColdStartConfig, records: list, num_problems: int, tokenizer) -> dict:
@@ -134,10 +137,12 @@ def write_outputs(config: ColdStartConfig, records: list, num_problems: int, tok
     (folder / "report.md").write_text(report_markdown(report))
     plot_report(verdicts, report, folder / "report.png")
     logger.info("%d of %d answers kept; report in %s", len(rows), len(records), folder / "report.md")
+    (folder / "train.parquet").unlink(missing_ok=True)  # never left to contradict the report
     if not rows:
         raise ValueError(f"no answer passed the filters: see {folder / 'report.md'} and {folder / 'rejected.jsonl'}")
     dataset = Dataset.from_list(rows)
-    dataset.to_parquet(str(folder / "train.parquet"))
+    dataset.to_parquet(str(folder / "train.parquet.tmp"))
+    (folder / "train.parquet.tmp").replace(folder / "train.parquet")
     if config.push_to_hub:
         push(dataset, folder, config)
     return report

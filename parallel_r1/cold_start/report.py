@@ -3,6 +3,7 @@ length of the kept traces; as a dict (report.json), markdown (report.md) and a f
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 
@@ -53,11 +54,11 @@ def build_report(verdicts: list[Verdict], config: ColdStartConfig, num_problems:
         }
         | {"kept": len(kept) / n},
         "problem_rates": {
-            "valid_format": _share_of_problems(
-                verdicts, lambda v: v.checks["well_formed"] and v.checks["final_answer"]
+            "valid_format": _share(  # the first answer of each problem: the paper asked once
+                [v.checks["well_formed"] and v.checks["final_answer"] for v in verdicts if v.sample == 0]
             ),
             "paper_valid_format": PAPER_VALID_RATE,
-            "with_a_kept_trace": _share_of_problems(verdicts, lambda v: v.reason is None),
+            "with_a_kept_trace": _share(_any_per_problem(verdicts, lambda v: v.reason is None)),
         },
         "correctness": {
             "paper_filter_passes": sum(paper),
@@ -96,7 +97,7 @@ def report_markdown(report: dict) -> str:
                 ("answers correct", f"{rates['correct']:.1%}"),
                 ("answers with a <Parallel> block", f"{rates['has_block']:.1%}"),
                 (
-                    "problems with a valid answer: well-formed, a Final Answer line (paper: 83.7% of GSM8K)",
+                    "problems whose first answer is valid: well-formed, a Final Answer line (paper: 83.7% of GSM8K)",
                     f"{problems['valid_format']:.1%}",
                 ),
                 ("problems with a kept trace", f"{problems['with_a_kept_trace']:.1%}"),
@@ -151,12 +152,16 @@ def plot_report(verdicts: list[Verdict], report: dict, path) -> None:
     plt.close(fig)
 
 
-def _share_of_problems(verdicts: list[Verdict], test) -> float:
-    """The share of problems with at least one answer that passes `test`."""
+def _any_per_problem(verdicts: list[Verdict], test) -> list[bool]:
+    """For each problem, whether one of its answers passes `test`."""
     passed = {}
     for v in verdicts:
         passed[v.question_id] = passed.get(v.question_id, False) or bool(test(v))
-    return sum(passed.values()) / max(len(passed), 1)
+    return list(passed.values())
+
+
+def _share(flags: list) -> float:
+    return sum(flags) / max(len(flags), 1)
 
 
 def _histogram(values) -> dict:
@@ -170,7 +175,7 @@ def _summary(values: list) -> dict:
     return {
         "min": ordered[0],
         "median": statistics.median(ordered),
-        "p90": ordered[min(int(0.9 * len(ordered)), len(ordered) - 1)],
+        "p90": ordered[math.ceil(0.9 * len(ordered)) - 1],  # nearest rank
         "max": ordered[-1],
         "mean": round(statistics.fmean(ordered), 1),
     }

@@ -34,7 +34,7 @@ class Request:
 @dataclass(frozen=True)
 class Answer:
     text: str
-    finish: str  # "stop" (ended on its own) or "length" (cut by max_new_tokens)
+    finish: str  # the backend's finish reason: "stop" (ended on its own), "length" (cut by max_new_tokens), ...
     tokens: int | None  # tokens the teacher wrote, when known
 
 
@@ -67,7 +67,11 @@ class TransformersTeacher:
         ).to(device)
         self.model.eval()
         eos = self.model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None} | {self.tokenizer.eos_token_id}
+        self.eos = {*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id} - {None}
+        if not self.eos:
+            raise ValueError(f"{config.model_name_or_path} names no end-of-sequence token: it could not stop")
+        pad = self.tokenizer.pad_token_id
+        self.pad = min(self.eos) if pad is None else pad
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
         import torch
@@ -89,7 +93,7 @@ class TransformersTeacher:
                     **sampling,
                     max_new_tokens=cfg.max_new_tokens,
                     eos_token_id=sorted(self.eos),
-                    pad_token_id=self.tokenizer.pad_token_id or next(iter(self.eos)),
+                    pad_token_id=self.pad,
                 )
             written = output[:, prompt["input_ids"].shape[1] :].tolist()
             for request in group:
@@ -134,8 +138,7 @@ class VLLMTeacher:
             outputs = self.llm.chat([r.messages for r in chunk], params, use_tqdm=False)
             for request, output in zip(chunk, outputs):
                 completion = output.outputs[0]
-                finish = "length" if completion.finish_reason == "length" else "stop"
-                yield request, Answer(completion.text, finish, len(completion.token_ids))
+                yield request, Answer(completion.text, str(completion.finish_reason), len(completion.token_ids))
 
 
 class EndpointTeacher:
@@ -167,12 +170,19 @@ class EndpointTeacher:
         )
         choice = response.choices[0]
         tokens = response.usage.completion_tokens if response.usage else None
-        return Answer(choice.message.content or "", "length" if choice.finish_reason == "length" else "stop", tokens)
+        return Answer(choice.message.content or "", str(choice.finish_reason), tokens)
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer | Exception]]:
+        """The first request alone (a wrong URL, model name or key fails the run at once), then the rest."""
+        try:
+            yield requests[0], self._one(requests[0])
+        except Exception as error:
+            raise RuntimeError(
+                f"the server at {self.config.base_url} did not answer a first request: {error}"
+            ) from None
         pool = ThreadPoolExecutor(self.config.concurrency)
         try:
-            futures = {pool.submit(self._one, r): r for r in requests}
+            futures = {pool.submit(self._one, r): r for r in requests[1:]}
             for future in as_completed(futures):
                 try:
                     yield futures[future], future.result()
@@ -181,5 +191,5 @@ class EndpointTeacher:
                         "request %s/%d failed: %s", futures[future].question_id, futures[future].sample, error
                     )
                     yield futures[future], error
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        finally:  # on an interrupt, the requests not sent are dropped and the ones in flight are not waited for
+            pool.shutdown(wait=False, cancel_futures=True)
