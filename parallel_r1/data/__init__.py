@@ -5,7 +5,7 @@ Importing the package is light (no `datasets`): the loaders are imported on firs
 
 from pathlib import Path
 
-from .prompts import FINAL_ANSWER, TEMPLATES, build_prompt, check_template
+from .prompts import FINAL_ANSWER, PLAIN_CHAT_TEMPLATE, TEMPLATES, build_prompt, check_template
 
 DATA_DIR = Path(__file__).parent / "files"
 
@@ -20,7 +20,7 @@ _LOADERS = (
     "to_sft_traces",
     "trace_problem",
 )
-__all__ = ["DATA_DIR", "FINAL_ANSWER", "TEMPLATES", "build_prompt", "check_template", *_LOADERS]
+__all__ = ["DATA_DIR", "FINAL_ANSWER", "PLAIN_CHAT_TEMPLATE", "TEMPLATES", "build_prompt", "check_template", *_LOADERS]
 
 
 def __getattr__(name: str):

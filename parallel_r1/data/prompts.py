@@ -50,3 +50,18 @@ def build_prompt(problem: str, template: str = "parallel") -> list[dict]:
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"the problem must be a non-empty string, got {problem!r}")
     return [{"role": "user", "content": f"{TEMPLATES[template]}{PROMPT_MARKER}{problem.strip()}"}]
+
+
+# A chat template for base models that have none (`scripts/add_special_tokens.py --chat_template plain`): the user
+# turn, a blank line, then the answer and the end-of-sequence token. `{% generation %}` marks the answer for TRL's
+# assistant-only loss; the BOS token, when the tokenizer has one, opens the text as it does in pretraining.
+PLAIN_CHAT_TEMPLATE = (
+    "{%- if bos_token %}{{- bos_token }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + eos_token }}{% endgeneration %}"
+    "{%- else %}"
+    "{{- message['content'] + '\n\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
