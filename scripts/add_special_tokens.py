@@ -8,7 +8,8 @@
 
 A base whose embedding has no spare rows (Llama, Mistral) is resized, the new rows set to the mean of the rows in
 use. A base without a chat template gets one with `--chat_template plain` (or a .jinja file), which every stage then
-uses to write the prompt; one without a padding token gets its end-of-sequence token as padding.
+uses to write the prompt; one without a padding token gets one it reserves (Llama 3's `<|finetune_right_pad_id|>`) or else its end-of-sequence
+token.
 
 Run it once, before training, on one process: the embedding rows are edited in place, which must
 happen before ZeRO-3/FSDP shards the model. Training scripts then load the "-Special" directory.
@@ -25,6 +26,7 @@ from parallel_r1.data import PLAIN_CHAT_TEMPLATE
 from parallel_r1.tokens import add_parallel_tokens, tag_ids
 
 logger = logging.getLogger(__name__)
+RESERVED_PADS = ("<|finetune_right_pad_id|>", "<pad>")  # padding tokens some bases reserve without naming them
 
 
 @dataclass
@@ -57,8 +59,8 @@ def main(args: Arguments) -> None:
             "--chat_template plain (or a .jinja file)"
         )
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-        logger.info("No padding token: %s pads", tokenizer.eos_token)
+        tokenizer.pad_token = next((t for t in RESERVED_PADS if t in tokenizer.get_vocab()), tokenizer.eos_token)
+        logger.info("No padding token: %s pads", tokenizer.pad_token)
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=args.dtype)
     rows_before = model.get_input_embeddings().weight.shape[0]
     added = add_parallel_tokens(tokenizer, model)

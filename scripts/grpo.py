@@ -15,7 +15,7 @@ import logging
 from trl import get_peft_config
 
 from parallel_r1.configs import grpo_parser
-from parallel_r1.data import load_problems
+from parallel_r1.data import load_problems, prompt_ids
 from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
 from parallel_r1.rewards import get_reward_funcs
 from parallel_r1.trainers import ParallelGRPOTrainer
@@ -39,7 +39,7 @@ def load_split(script_args, training_args, tokenizer, split):
             return dataset
         limit = script_args.max_prompt_length
         kept = dataset.filter(
-            lambda row: len(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True)) <= limit,
+            lambda row: len(prompt_ids(tokenizer, row["prompt"])) <= limit,
             desc=f"prompts of at most {limit} tokens",
         )
         logger.info(
@@ -56,11 +56,7 @@ def load_split(script_args, training_args, tokenizer, split):
 
 def main(script_args, training_args, model_args):
     tokenizer = load_tokenizer(model_args, training_args)
-    # optimizer steps per generated batch: the unit of the paper's step, which reward schedules count
-    steps_per_batch = max(
-        1,
-        training_args.steps_per_generation * training_args.num_iterations // training_args.gradient_accumulation_steps,
-    )
+    steps_per_batch = training_args.optimizer_steps_per_generation  # reward schedules count generations
     reward_funcs = get_reward_funcs(script_args.reward_funcs, tokenizer=tokenizer, steps_per_batch=steps_per_batch)
     train_dataset = load_split(script_args, training_args, tokenizer, script_args.dataset_train_split)
     eval_dataset = None

@@ -13,14 +13,15 @@ resuming (`--resume_from_checkpoint <dir>`), logging (`report_to`) and the Hub u
 from trl import get_peft_config
 
 from parallel_r1.configs import sft_parser
-from parallel_r1.data import load_sft_traces
+from parallel_r1.data import drop_long_traces, load_sft_traces
 from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
 from parallel_r1.trainers import ParallelSFTTrainer
 
 
-def load_traces(script_args, training_args, split):
+def load_traces(script_args, training_args, tokenizer, split):
+    """The traces of one split, without those longer than max_length tokens (dropped, as the paper's SFT does)."""
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
-        return load_sft_traces(
+        traces = load_sft_traces(
             script_args.dataset_name,
             split,
             config=script_args.dataset_config,
@@ -31,15 +32,18 @@ def load_traces(script_args, training_args, split):
             only_well_formed=script_args.only_well_formed,
             limit=script_args.max_train_samples if split == script_args.dataset_train_split else None,
         )
+        if training_args.max_length is None:
+            return traces
+        return drop_long_traces(traces, tokenizer, training_args.max_length, f"{script_args.dataset_name} [{split}]")
 
 
 def main(script_args, training_args, model_args):
     tokenizer = load_tokenizer(model_args, training_args)
     model = load_model(model_args, training_args)
-    train_dataset = load_traces(script_args, training_args, script_args.dataset_train_split)
+    train_dataset = load_traces(script_args, training_args, tokenizer, script_args.dataset_train_split)
     eval_dataset = None
     if training_args.eval_strategy != "no" and script_args.dataset_test_split:
-        eval_dataset = load_traces(script_args, training_args, script_args.dataset_test_split)
+        eval_dataset = load_traces(script_args, training_args, tokenizer, script_args.dataset_test_split)
     trainer = ParallelSFTTrainer(
         model,
         training_args,

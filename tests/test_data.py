@@ -485,3 +485,17 @@ def test_trace_problem_is_the_papers_filter(response, reason):
 def test_final_answer_reads_the_last_line(reasoning, answer):
     assert final_answer(f"{reasoning}\n{FINAL_ANSWER} {answer}\n\n") == answer
     assert final_answer(f"{reasoning}\n{FINAL_ANSWER} {answer}</Summary>") == answer
+
+
+def test_traces_longer_than_max_length_are_dropped_not_cut(tiny_tokenizer):
+    from parallel_r1.data import drop_long_traces
+
+    traces = load_sft_traces("parallel_gsm8k_sample", limit=20)
+    lengths = [
+        len(tiny_tokenizer.apply_chat_template(r["prompt"] + r["completion"], return_dict=False)) for r in traces
+    ]
+    limit = sorted(lengths)[10]
+    kept = drop_long_traces(traces, tiny_tokenizer, limit)
+    assert list(kept["id"]) == [r["id"] for r, n in zip(traces, lengths) if n <= limit] and 0 < len(kept) < 20
+    with pytest.raises(ValueError, match="no trace of dataset fits max_length=10"):
+        drop_long_traces(traces, tiny_tokenizer, 10)

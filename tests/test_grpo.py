@@ -281,3 +281,19 @@ def test_accelerate_launch_runs_the_tiny_recipe(tmp_path, tag_prone_dir):
     assert (out / "model.safetensors").exists()
     saved, given = (tag_vocab(AutoTokenizer.from_pretrained(d)).ids for d in (out, tag_prone_dir))
     assert saved == given
+
+
+def test_max_prompt_length_drops_exactly_the_longer_templated_prompts(tiny_dir, tiny_tokenizer):
+    import runpy
+
+    from parallel_r1.configs import grpo_parser
+    from parallel_r1.data import load_problems, prompt_ids
+
+    root = Path(__file__).resolve().parents[1]
+    load_split = runpy.run_path(str(root / "scripts" / "grpo.py"))["load_split"]
+    lengths = [len(prompt_ids(tiny_tokenizer, row["prompt"])) for row in load_problems("gsm8k", limit=8)]
+    limit = sorted(lengths)[4]
+    flags = ["--config", "recipes/tiny/grpo.yaml", "--max_train_samples", "8", "--max_prompt_length", str(limit)]
+    script_args, training_args, _ = grpo_parser().parse_args_and_config(flags)
+    kept = load_split(script_args, training_args, tiny_tokenizer, "train")
+    assert len(kept) == sum(n <= limit for n in lengths) < 8

@@ -2,6 +2,7 @@
 padding token (recipes/Llama-3.2-3B/), on a tiny stand-in of that shape: the "-Special" base is made by a resize and
 the plain chat template, then the recipes' SFT and GRPO each train a step through their scripts."""
 
+import json
 import runpy
 import subprocess
 import sys
@@ -9,15 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from parallel_r1.configs import grpo_parser, sft_parser
-from parallel_r1.data import PLAIN_CHAT_TEMPLATE
-from parallel_r1.tiny import EOS, build_tokenizer
+from parallel_r1.data import PLAIN_CHAT_TEMPLATE, prompt_ids
+from parallel_r1.tiny import EOS, IM_START, build_tokenizer
 from parallel_r1.tokens import TAGS, tag_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "Llama-3.2-3B"
+BOS = IM_START  # the stand-in's begin-of-text token
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +30,15 @@ def bare_llama(tmp_path_factory):
     tokenizer = build_tokenizer(with_tags=False)
     tokenizer.chat_template = None
     tokenizer.pad_token = None
+    tokenizer.bos_token = BOS  # and it writes a BOS before every text, as Llama's does
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tokenizer.convert_tokens_to_ids(BOS))]
+    )
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, pad_token_id=None)  # fmt: skip
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                         pad_token_id=None)  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -60,8 +68,10 @@ def test_the_special_base_gets_the_tags_by_a_resize_and_the_plain_template(bare_
     assert tokenizer.chat_template == PLAIN_CHAT_TEMPLATE and tokenizer.pad_token == tokenizer.eos_token == EOS
     chat = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "<Parallel>A"}]
     text = tokenizer.apply_chat_template(chat, tokenize=False)
-    assert text == f"Q?\n\n<Parallel>A{EOS}"
-    assert tokenizer.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True) == "Q?\n\n"
+    assert text == f"{BOS}Q?\n\n<Parallel>A{EOS}"
+    assert tokenizer.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True) == f"{BOS}Q?\n\n"
+    ids = prompt_ids(tokenizer, chat[:1])  # as GRPO and evaluation tokenize a prompt: one BOS, not two
+    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id
 
 
 def test_a_base_without_a_chat_template_is_refused_in_one_line(bare_llama, tmp_path):
@@ -82,7 +92,7 @@ def test_the_llama_recipes_train_a_step_of_sft_and_of_grpo(special_llama, tmp_pa
     sft_out = tmp_path / "sft"
     args = ["--config", str(RECIPES / "sft" / "unseen.yaml"), "--model_name_or_path", str(special_llama),
             "--dataset_name", "parallel_gsm8k_sample", "--max_train_samples", "2", "--output_dir", str(sft_out),
-            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_length", "640",
+            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_length", "1200",
             "--eos_token", EOS, "--learning_rate", "1e-3", "--warmup_steps", "0", *CPU]  # fmt: skip
     script("sft")(*sft_parser().parse_args_and_config(args))
     assert "'train_loss'" in capsys.readouterr().out  # transformers' end-of-training report
@@ -99,8 +109,13 @@ def test_the_llama_recipes_train_a_step_of_sft_and_of_grpo(special_llama, tmp_pa
             "--dataset_name", "gsm8k", "--max_train_samples", "4", "--max_prompt_length", "512",
             "--output_dir", str(grpo_out), "--use_vllm", "false", "--num_generations", "2",
             "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--steps_per_generation", "1",
-            "--max_completion_length", "48", "--max_path_tokens", "16", "--max_summary_tokens", "16", *CPU]  # fmt: skip
+            "--max_completion_length", "48", "--max_path_tokens", "16", "--max_summary_tokens", "16", *CPU,
+            "--save_strategy", "steps", "--save_steps", "1"]  # fmt: skip
     script("grpo")(*grpo_parser().parse_args_and_config(args))
+    step = json.loads((grpo_out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+    # The engine sampled on the Llama shape what the isolated forward recomputes (its rewards, all -1 on a random
+    # model, make this one update zero: the SFT step above is the one that moves weights)
+    assert step["step"] == 1 and step["sampling/sampling_logp_difference/max"] < 1e-5
     out = capsys.readouterr().out
     assert "'parallel/ratio'" in out and "'train_loss'" in out  # a GRPO step with the engine's metrics
     trained = AutoModelForCausalLM.from_pretrained(grpo_out)

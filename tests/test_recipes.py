@@ -148,6 +148,22 @@ def test_slurm_dry_run_serves_the_overridden_model_and_keeps_the_global_batch(no
     assert f"--num_processes {trainers * 8}" in out and "--model_name_or_path me/sft" in out
 
 
+def test_slurm_passes_overrides_through_bash_c_intact():
+    reward = "alternating(accuracy, tiered, window=10, a_steps=4)"
+    result = slurm(S2_RECIPE, "--reward_funcs", reward, "--log_completions", DRY_RUN="1", NODES="a b")
+    train = result.stdout.strip().splitlines()[-1].split(' bash -c "', 1)[1][:-1]  # what srun hands to bash -c
+    echo = train.replace("accelerate launch", "printf '%s\\n'", 1)
+    import subprocess
+
+    words = subprocess.run(["bash", "-c", echo], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert words[words.index("--reward_funcs") + 1] == reward and words[-1] == "--log_completions"
+
+
+def test_slurm_refuses_an_override_without_its_value():
+    result = slurm(S2_RECIPE, "--model_name_or_path", DRY_RUN="1", NODES="a b")
+    assert result.returncode == 2 and "--model_name_or_path needs a value" in result.stderr
+
+
 def test_slurm_refuses_a_node_count_that_changes_the_batch():
     result = slurm(S2_RECIPE, DRY_RUN="1", NODES="a b c d")  # 24 training GPUs do not divide 32 x 8
     assert result.returncode == 2 and "not divisible by 24 training GPUs" in result.stderr

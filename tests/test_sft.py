@@ -320,7 +320,7 @@ def test_zero3_adds_tags_to_a_partitioned_model(bare_dir):
 def launch_sft(out, model_dir, *flags):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
     command += ["--num_cpu_threads_per_process", "1", "scripts/sft.py", "--config", "recipes/tiny/sft.yaml"]
-    command += ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_length", "640", *flags]
+    command += ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_length", "1200", *flags]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr

@@ -5,12 +5,13 @@ Importing the package is light (no `datasets`): the loaders are imported on firs
 
 from pathlib import Path
 
-from .prompts import FINAL_ANSWER, PLAIN_CHAT_TEMPLATE, TEMPLATES, build_prompt, check_template
+from .prompts import FINAL_ANSWER, PLAIN_CHAT_TEMPLATE, TEMPLATES, build_prompt, check_template, prompt_ids
 
 DATA_DIR = Path(__file__).parent / "files"
 
 _LOADERS = (
     "SHIPPED",
+    "drop_long_traces",
     "final_answer",
     "load_problems",
     "load_sft_traces",
@@ -20,7 +21,16 @@ _LOADERS = (
     "to_sft_traces",
     "trace_problem",
 )
-__all__ = ["DATA_DIR", "FINAL_ANSWER", "PLAIN_CHAT_TEMPLATE", "TEMPLATES", "build_prompt", "check_template", *_LOADERS]
+__all__ = [
+    "DATA_DIR",
+    "FINAL_ANSWER",
+    "PLAIN_CHAT_TEMPLATE",
+    "TEMPLATES",
+    "build_prompt",
+    "check_template",
+    "prompt_ids",
+    *_LOADERS,
+]
 
 
 def __getattr__(name: str):

@@ -16,6 +16,7 @@ override one side of it. Anything missing or empty fails at load, naming the col
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections import Counter
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..format import parse, strip_tags
+from ..tokens import add_parallel_tokens, missing_tags
 from . import DATA_DIR
 from .prompts import FINAL_ANSWER, PROMPT_MARKER, TEMPLATES, build_prompt, check_template
 
@@ -289,6 +291,29 @@ def to_sft_traces(
         raise ValueError(f"no usable traces: {summary}")
     logger.info(summary)
     return Dataset.from_dict(columns)
+
+
+def drop_long_traces(dataset: Dataset, tokenizer, max_length: int, name: str = "dataset") -> Dataset:
+    """The prompt-completion rows whose whole conversation, chat template applied, fits `max_length` tokens.
+
+    The official SFT drops the longer rows (REFERENCE §2b); left in, TRL would cut them at `max_length`, and a cut
+    trace loses its end: the `Final Answer:` line and the end-of-turn token the model must learn to write. A
+    tokenizer without the tags counts as it will once the trainer adds them (on a copy: the trainer must still
+    find them missing, to give them embedding rows).
+    """
+    if missing_tags(tokenizer):
+        tokenizer = copy.deepcopy(tokenizer)
+        add_parallel_tokens(tokenizer)
+    kept = dataset.filter(
+        lambda row: (
+            len(tokenizer.apply_chat_template(row["prompt"] + row["completion"], return_dict=False)) <= max_length
+        ),
+        desc=f"traces of at most {max_length} tokens",
+    )
+    logger.info("%s: dropped %d traces longer than %d tokens", name, len(dataset) - len(kept), max_length)
+    if len(kept) == 0:
+        raise ValueError(f"no trace of {name} fits max_length={max_length} tokens")
+    return kept
 
 
 # --------------------------------------------------------------------------- helpers

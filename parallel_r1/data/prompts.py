@@ -52,6 +52,11 @@ def build_prompt(problem: str, template: str = "parallel") -> list[dict]:
     return [{"role": "user", "content": f"{TEMPLATES[template]}{PROMPT_MARKER}{problem.strip()}"}]
 
 
+def prompt_ids(tokenizer, prompt: list) -> list:
+    """The token ids of a chat prompt, with the generation prompt (as TRL templates it)."""
+    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
 # A chat template for base models that have none (`scripts/add_special_tokens.py --chat_template plain`): the user
 # turn, a blank line, then the answer and the end-of-sequence token. `{% generation %}` marks the answer for TRL's
 # assistant-only loss; the BOS token, when the tokenizer has one, opens the text as it does in pretraining.

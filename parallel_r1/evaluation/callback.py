@@ -17,11 +17,10 @@ import zlib
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
-from ..data import load_problems
+from ..data import load_problems, prompt_ids
 from . import records as rec
 from .config import parse_benchmarks
 from .metrics import summarize
-from .runner import prompt_ids
 
 LOGGED = ("parallel_ratio", "format_valid", "block_position", "critical_over_total")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..data import load_problems
+from ..data import load_problems, prompt_ids
 from ..resume import check_settings
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, Segment, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend
@@ -182,11 +182,6 @@ class _Sampler:
                 return [(d.tokens, "eos" if d.finish == "end" else "length") for d in backend.decode(segments)]
             engine = ForkJoinEngine(backend, self.vocab, self.eos, self.separator, self.rollout)
             return [(r.completion_ids, r.finish) for r in engine.generate(prompts)]
-
-
-def prompt_ids(tokenizer, prompt: list) -> list:
-    """The token ids of a chat prompt, with the generation prompt (as TRL templates it)."""
-    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
 def _batch_seed(seed: int, benchmark: str, first: tuple) -> int:

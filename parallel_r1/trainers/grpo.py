@@ -131,6 +131,11 @@ class ParallelGRPOConfig(GRPOConfig):
                     f"with rollout_mode={self.rollout_mode!r}"
                 )
 
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        """Optimizer steps per generated batch: the unit of the paper's step, which reward schedules count."""
+        return max(1, self.steps_per_generation * self.num_iterations // self.gradient_accumulation_steps)
+
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(
             mode=self.rollout_mode,
