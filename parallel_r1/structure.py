@@ -1,4 +1,4 @@
-"""Positions and attention of the isolated ("Unseen") variant, as a function of the token ids.
+"""Positions and attention of the structured variants, isolated ("Unseen") and tree, as functions of the token ids.
 
 The rule (REFERENCE §4), for the completion part of a sequence:
 - A path never sees a sibling path of its own block. Everything else is causal: a path sees the
@@ -22,10 +22,12 @@ are masked, except that every token sees itself, so no row of the softmax is emp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 from .format import Block, TagVocab, Text, parse
+from .grammar import masked_logps
 
 SUPPORTED_ATTENTION = ("sdpa",)
 
@@ -129,10 +131,136 @@ class IsolatedForward:
 
 
 def check_attention_implementation(model) -> None:
-    """The isolated mask is a boolean tensor: SDPA reads it as such (eager attention would add it)."""
+    """The structured masks are boolean tensors: SDPA reads them as such (eager attention would add them)."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
-            f"attention='isolated' needs attn_implementation in {SUPPORTED_ATTENTION}, but the model uses "
+            f"attention='isolated' and 'tree' need attn_implementation in {SUPPORTED_ATTENTION}, but the model uses "
             f"{implementation!r}. Load it with attn_implementation='sdpa'."
         )
+
+
+# --------------------------------------------------------------------------- the tree variant
+#
+# What a serving engine samples in fork mode (vLLM, or the transformers backend's causal join): a path's tokens see
+# the context through `<Parallel>` and their own path, at positions going on from `<Parallel>` (as in the isolated
+# variant); `</Parallel>`, the summary and everything after see the paths as written, one after the other, causally,
+# at sequential positions. Its training forward holds the row as written, read causally (the context the join saw),
+# plus a copy of each path but the first of every block, laid out as the isolated path it was sampled as: the copy
+# sees the row through `<Parallel>` and itself, at positions from pos(`<Parallel>`) + 1. A path token is scored from
+# its copy (the first path is its own copy: in line it sees exactly that); every other token from the row.
+
+
+@dataclass(frozen=True)
+class TreeRow:
+    """One row of the tree layout, as lists over its extended length (the row as written, then the copies)."""
+
+    ids: list
+    positions: list
+    copy: list  # per extended token: which copy it belongs to, -1 for the row as written
+    sees_through: list  # per extended token: a copy sees the row up to this index (its block's <Parallel>)
+    source: list  # per token q of the row as written: the extended index whose logits predict token q + 1
+
+
+def tree_row(ids, completion_start: int, vocab: TagVocab) -> TreeRow:
+    """The tree layout of one unpadded row (prompt + completion, the completion from `completion_start`)."""
+    n = len(ids)
+    ext_ids, positions, copy, sees_through = list(ids), list(range(n)), [-1] * n, [-1] * n
+    source = list(range(n))
+    copies = 0
+    for block in parse(list(ids[completion_start:]), vocab).blocks:
+        opener = completion_start + block.start
+        for path in block.paths[1:]:
+            first = completion_start + path.start
+            for offset in range(path.length):
+                source[first + offset - 1] = opener if offset == 0 else len(ext_ids) - 1
+                ext_ids.append(ids[first + offset])
+                positions.append(opener + 1 + offset)
+                copy.append(copies)
+                sees_through.append(opener)
+            copies += 1
+    return TreeRow(ext_ids, positions, copy, sees_through, source)
+
+
+def tree_mask(rows: list[TreeRow], width: int, device) -> torch.Tensor:
+    """Boolean [B, 1, W, W]: the row as written is causal; a copy token sees the row through its block's
+    `<Parallel>` and its own copy up to itself; padding keys are hidden, the diagonal is always on."""
+    mask = torch.zeros((len(rows), width, width), dtype=torch.bool)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    for r, row in enumerate(rows):
+        n = len(row.source)
+        mask[r, :n, :n] = causal[:n, :n]
+        copy = torch.tensor(row.copy)
+        same = (copy[:, None] == copy[None, :]) & (copy[:, None] >= 0)
+        extended = len(row.ids)
+        mask[r, n:extended, :extended] = (same & causal[:extended, :extended])[n:]
+        for i in range(n, extended):
+            mask[r, i, : row.sees_through[i] + 1] = True
+    mask |= torch.eye(width, dtype=torch.bool)
+    return mask[:, None].to(device)
+
+
+class TreeForward:
+    """`model` on the tree layout of the ids it is given, answering as the model would on those ids: `.logits` for
+    the last `logits_to_keep` columns of the original rows, each column's row of logits being the one that predicts
+    the next token of the original row under the tree policy (for a path token: from its isolated copy). The
+    backbone runs on the extended rows; the LM head only on the kept columns."""
+
+    def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int):
+        self.model, self.vocab, self.completion_start = model, vocab, completion_start
+
+    def extra_tokens(self, input_ids, attention_mask) -> int:
+        """Tokens the copies add to these rows (the layout's cost)."""
+        return sum(len(r.ids) - len(r.source) for r in self._rows(input_ids, attention_mask)[0])
+
+    def _rows(self, input_ids, attention_mask):
+        batch = input_ids.size(0)
+        starts = self.completion_start
+        if isinstance(starts, int):
+            starts = [starts] * batch
+        rows, columns = [], []
+        for r in range(batch):
+            valid = torch.nonzero(attention_mask[r].bool(), as_tuple=True)[0].tolist()
+            start = int(starts[r])
+            in_prompt = sum(1 for c in valid if c < start)
+            rows.append(tree_row(input_ids[r, valid].tolist(), in_prompt, self.vocab))
+            columns.append(valid)
+        return rows, columns
+
+    def __call__(self, input_ids, attention_mask, logits_to_keep: int = 0, labels=None, fused_lm_head=False, **kwargs):
+        """`.logits` of the kept columns; with `fused_lm_head` (SFTTrainer's call), TRL's fused-head fields instead:
+        per position, the log-prob and entropy of the next label, whether it is the top token, and the label mask."""
+        if fused_lm_head:
+            return self._fused(input_ids, attention_mask, labels, **kwargs)
+        device = input_ids.device
+        rows, columns = self._rows(input_ids, attention_mask)
+        width = max(len(r.ids) for r in rows)
+        pad = 0
+        ext_ids = torch.tensor([r.ids + [pad] * (width - len(r.ids)) for r in rows], device=device)
+        positions = torch.tensor([r.positions + [0] * (width - len(r.positions)) for r in rows], device=device)
+        kwargs.update(use_cache=False, output_hidden_states=True, logits_to_keep=1)
+        out = self.model(input_ids=ext_ids, attention_mask=tree_mask(rows, width, device), position_ids=positions,
+                         **kwargs)  # fmt: skip
+        hidden = out.hidden_states[-1]
+        keep = logits_to_keep or input_ids.size(1)
+        first = input_ids.size(1) - keep
+        index = torch.zeros((len(rows), keep), dtype=torch.long, device=device)
+        for r, (row, valid) in enumerate(zip(rows, columns)):
+            for q, column in enumerate(valid):
+                if column >= first:
+                    index[r, column - first] = row.source[q]
+        picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.size(-1)))
+        logits = self.model.get_output_embeddings()(picked)
+        return SimpleNamespace(logits=logits, aux_loss=getattr(out, "aux_loss", None))
+
+    def _fused(self, input_ids, attention_mask, labels, **kwargs):
+        out = self(input_ids, attention_mask, **kwargs)
+        logits, targets = out.logits[:, :-1], labels[:, 1:]
+        label_mask = targets != -100
+        nothing = torch.zeros((*targets.shape, 1), dtype=torch.bool)
+        logps, entropy = masked_logps(logits, targets, nothing, (0,), temperature=1.0)  # float32, chunked
+        is_top1 = (logits.argmax(-1) == targets) & label_mask
+        return SimpleNamespace(
+            log_probs=logps * label_mask, entropy=entropy * label_mask, is_top1=is_top1, label_mask=label_mask,
+            aux_loss=out.aux_loss,
+        )  # fmt: skip

@@ -4,7 +4,7 @@ import torch
 
 from parallel_r1.grammar import Grammar, GrammarForward
 from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
-from parallel_r1.structure import IsolatedForward
+from parallel_r1.structure import IsolatedForward, TreeForward
 
 QUESTIONS = [
     "What is 2+2?",
@@ -30,13 +30,15 @@ def prompts(tokenizer):
     return [tokenizer.encode(q, add_special_tokens=False) for q in QUESTIONS]
 
 
-def trainer_logprobs(setup, rollout, isolated, max_blocks=4, grammar=True):
+def trainer_logprobs(setup, rollout, isolated, max_blocks=4, grammar=True, tree=False):
     """The log-probs the trainer computes from the ids alone, with the trainer's own forward: structure and
     grammar (for this `max_blocks`) recomputed from the ids. `grammar=False`: the raw model distribution."""
     _, model, tokenizer, vocab = setup
     ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])
     start = len(rollout.prompt_ids)
     forward = IsolatedForward(model, vocab, start) if isolated else model
+    if tree:
+        forward = TreeForward(model, vocab, start)
     with torch.no_grad():
         if grammar:
             rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), max_blocks)

@@ -66,7 +66,7 @@ def trainer_for(tag_prone_dir, args, dataset, rewards=None):
     )
 
 
-@pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "sequential")])
+@pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "sequential"), ("tree", "fork")])
 def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir, dataset, attention, mode):
     seen = []
 
@@ -156,6 +156,10 @@ def test_bad_settings_fail_at_start(tmp_path):
         config(tmp_path, rollout_mode="sequential", attention="isolated")
     with pytest.raises(ValueError, match="attention='causal'"):
         config(tmp_path, rollout_mode="trl", attention="isolated")
+    with pytest.raises(ValueError, match="sequential"):
+        config(tmp_path, rollout_mode="sequential", attention="tree")
+    with pytest.raises(ValueError, match="attention='causal'"):
+        config(tmp_path, rollout_mode="trl", attention="tree")
     with pytest.raises(ValueError, match="num_paths"):
         config(tmp_path, num_paths=0)
     with pytest.raises(ValueError, match="ds3_gather_for_generation"):

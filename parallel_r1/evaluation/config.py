@@ -35,7 +35,10 @@ class EvaluationConfig:
     )
     attention: str = field(
         default="isolated",
-        metadata={"help": "'isolated' (Unseen) or 'causal' (Seen).", "choices": ["isolated", "causal"]},
+        metadata={
+            "help": "'isolated' (Unseen), 'causal' (Seen) or 'tree' (fork as a serving engine samples it).",
+            "choices": ["isolated", "causal", "tree"],
+        },
     )
     num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel>."})
     max_blocks: int = field(default=4, metadata={"help": "Blocks per completion (then <Parallel> is banned)."})
@@ -70,12 +73,12 @@ class EvaluationConfig:
         check_template(self.prompt_template)
         for name, value, allowed in (
             ("rollout_mode", self.rollout_mode, ROLLOUT_MODES),
-            ("attention", self.attention, ("isolated", "causal")),
+            ("attention", self.attention, ("isolated", "causal", "tree")),
             ("backend", self.backend, BACKENDS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if self.rollout_mode == "sequential" and self.attention == "isolated":
+        if self.rollout_mode == "sequential" and self.attention != "causal":
             raise ValueError("rollout_mode='sequential' samples the causal policy: use attention='causal' with it")
         if self.rollout_mode != "plain" and self.num_paths < MIN_PATHS:
             raise ValueError(f"num_paths must be at least {MIN_PATHS}, got {self.num_paths}")

@@ -9,8 +9,10 @@ Each completion moves through three phases, all completions of a call together:
              then back to main
 
 `fork` decodes the paths of a block concurrently, each from the context alone (the backend forks the
-stream and joins the paths afterwards); `sequential` decodes them one after the other in the same stream,
-so each path reads the earlier ones (the causal "Seen" policy, exactly). Everything else is the same in
+stream and joins the paths afterwards: `isolated` keeps each path's own KV for the summary, `causal` and `tree`
+re-read the paths one after the other, as a serving engine does, which samples the `tree` policy exactly);
+`sequential` decodes them one after the other in the same stream, so each path reads the earlier ones (the
+causal "Seen" policy, exactly). Everything else is the same in
 both modes: the same inserted tokens, the same budgets, the same number of paths per block.
 
 Rules:
@@ -38,7 +40,7 @@ from .backend import Backend, Decoded, Segment
 @dataclass
 class RolloutConfig:
     mode: Literal["fork", "sequential"] = "fork"
-    attention: Literal["isolated", "causal"] = "isolated"
+    attention: Literal["isolated", "causal", "tree"] = "isolated"
     num_paths: int = 2
     max_blocks: int = 4
     max_path_tokens: int = 512
@@ -48,12 +50,12 @@ class RolloutConfig:
     def __post_init__(self):
         if self.mode not in ("fork", "sequential"):
             raise ValueError(f"rollout mode must be 'fork' or 'sequential', got {self.mode!r}")
-        if self.attention not in ("isolated", "causal"):
-            raise ValueError(f"attention must be 'isolated' or 'causal', got {self.attention!r}")
-        if self.mode == "sequential" and self.attention == "isolated":
+        if self.attention not in ("isolated", "causal", "tree"):
+            raise ValueError(f"attention must be 'isolated', 'causal' or 'tree', got {self.attention!r}")
+        if self.mode == "sequential" and self.attention != "causal":
             raise ValueError(
-                "mode='sequential' samples every path after its siblings, which the isolated structure "
-                "would hide from them: use mode='fork' with attention='isolated'"
+                f"mode='sequential' samples every path after its siblings, which the {self.attention} structure "
+                f"would hide from them: use mode='fork' with attention='{self.attention}'"
             )
         if self.num_paths < MIN_PATHS:
             raise ValueError(

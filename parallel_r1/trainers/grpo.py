@@ -8,7 +8,7 @@ checkpointing, logging, Hub push) is stock TRL:
   inserted), which TRL turns into its tool mask, so inserted tokens get no gradient.
 - The log-prob forward (`_get_per_token_logps_and_entropies`, used for the loss, the old and the
   reference log-probs) scores engine rollouts under the tag grammar the sampler applied
-  (`grammar.GrammarForward`), and with `attention="isolated"` runs the model on the isolated
+  (`grammar.GrammarForward`), and with `attention="isolated"` or `"tree"` runs the model on that
   structure; both are recomputed from the token ids.
 
 After each generation it logs the shape of the completions (parallel ratio, blocks, paths, format
@@ -33,7 +33,7 @@ from ..format import parse, stats
 from ..grammar import Grammar, GrammarForward
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend
-from ..structure import IsolatedForward, check_attention_implementation
+from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tokens import has_parallel_tokens, tag_ids, tag_vocab
 
 ROLLOUT_MODES = ("fork", "sequential", "trl")
@@ -46,8 +46,9 @@ class ParallelGRPOConfig(GRPOConfig):
     attention: str = field(
         default="isolated",
         metadata={
-            "help": "'isolated' (Unseen: paths never see each other) or 'causal' (Seen).",
-            "choices": ["isolated", "causal"],
+            "help": "'isolated' (Unseen: paths never see each other), 'causal' (Seen) or 'tree' (paths as isolated, "
+            "what follows reads them as written: what vLLM samples in fork mode, trained exactly).",
+            "choices": ["isolated", "causal", "tree"],
         },
     )
     rollout_mode: str = field(
@@ -92,12 +93,14 @@ class ParallelGRPOConfig(GRPOConfig):
             self._refuse_unreproducible_sampling()
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
-        if self.attention not in ("isolated", "causal"):
-            raise ValueError(f"attention must be 'isolated' or 'causal', got {self.attention!r}")
-        if self.rollout_mode == "trl" and self.attention == "isolated":
+        if self.attention not in ("isolated", "causal", "tree"):
+            raise ValueError(f"attention must be 'isolated', 'causal' or 'tree', got {self.attention!r}")
+        if self.rollout_mode == "trl" and self.attention != "causal":
             raise ValueError("rollout_mode='trl' samples plain causal text: use attention='causal' with it")
-        if self.use_liger_kernel and self.attention == "isolated":
-            raise ValueError("use_liger_kernel computes its own forward and cannot carry attention='isolated'")
+        if self.use_liger_kernel and self.attention != "causal":
+            raise ValueError(
+                f"use_liger_kernel computes its own forward and cannot carry attention={self.attention!r}"
+            )
         if self.rollout_mode != "trl":
             self.rollout_config()  # fail at start-up on bad budgets
         if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
@@ -165,7 +168,7 @@ class ParallelGRPOTrainer(GRPOTrainer):
         if uses_engine and self.tag_vocab is None:
             tag_ids(self._tokenizer)  # raises, naming the missing tags
         self.grammar = Grammar(self.tag_vocab, frozenset(self.eos_token_ids), args.max_blocks) if uses_engine else None
-        if args.attention == "isolated":
+        if args.attention != "causal":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._newline = self._tokenizer.encode("\n", add_special_tokens=False)
         if args.parallel_eval_steps > 0:
@@ -254,6 +257,8 @@ class ParallelGRPOTrainer(GRPOTrainer):
         start = input_ids.size(1) - logits_to_keep
         if self.args.attention == "isolated":
             model = IsolatedForward(model, self.tag_vocab, start)
+        elif self.args.attention == "tree":
+            model = TreeForward(model, self.tag_vocab, start)
         if self.grammar is not None:
             model = GrammarForward(model, self.grammar, start, self.temperature)
         return super()._get_per_token_logps_and_entropies(

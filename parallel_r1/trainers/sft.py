@@ -4,6 +4,8 @@
 - `attention="isolated"` (Unseen): the model is called with the position ids and boolean 4-D attention
   mask of `structure.isolated_inputs`, recomputed for every batch from its own token ids (no side
   channel). Paths of a block cannot see each other; whatever follows a block sees all its paths.
+- `attention="tree"`: the policy a serving engine samples in fork mode (`structure.TreeForward`): paths as
+  isolated, what follows them reading them as written; the cold start then trains the policy RL samples.
 
 Rules shared by both variants:
 - The loss is on the completion only (TRL's completion-only loss: tags and end-of-turn included).
@@ -24,10 +26,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTConfig, SFTTrainer
 
-from ..structure import IsolatedForward, check_attention_implementation
+from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tokens import add_parallel_tokens, missing_tags, tag_vocab
 
-ATTENTION = ("causal", "isolated")
+ATTENTION = ("causal", "isolated", "tree")
 IGNORE = -100  # TRL's label for tokens out of the loss
 
 
@@ -38,8 +40,9 @@ class ParallelSFTConfig(SFTConfig):
     attention: str = field(
         default="causal",
         metadata={
-            "help": "'causal' (Seen: plain causal attention) or 'isolated' (Unseen: the paths of a block cannot "
-            "attend to each other and restart their positions at the block's opener).",
+            "help": "'causal' (Seen: plain causal attention), 'isolated' (Unseen: the paths of a block cannot "
+            "attend to each other and restart their positions at the block's opener) or 'tree' (the paths as "
+            "isolated, what follows them reads them causally: what a serving engine samples in fork mode).",
             "choices": list(ATTENTION),
         },
     )
@@ -48,7 +51,7 @@ class ParallelSFTConfig(SFTConfig):
         super().__post_init__()
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
-        if self.attention != "isolated":
+        if self.attention == "causal":
             return
         refused = {
             "padding_free=True": self.padding_free,
@@ -58,14 +61,14 @@ class ParallelSFTConfig(SFTConfig):
         for option, is_set in refused.items():
             if is_set:
                 raise ValueError(
-                    f"attention='isolated' cannot be used with {option}: rows that share one flattened sequence "
-                    "cannot carry the per-row isolation mask. Leave it off (padded batches)."
+                    f"attention={self.attention!r} cannot be used with {option}: rows that share one flattened "
+                    "sequence cannot carry the per-row structure. Leave it off (padded batches)."
                 )
         if self.completion_only_loss is False:
             raise ValueError(
-                "attention='isolated' needs completion_only_loss: the completion (the part whose paths are isolated) "
-                "starts at the first token in the loss, and the prompt, which names the tags as plain text, must "
-                "stay out of it."
+                f"attention={self.attention!r} needs completion_only_loss: the completion (the part whose paths are "
+                "structured) starts at the first token in the loss, and the prompt, which names the tags as plain "
+                "text, must stay out of it."
             )
 
 
@@ -166,7 +169,7 @@ class ParallelSFTTrainer(SFTTrainer):
                 "ParallelSFTTrainer takes a loaded model and tokenizer (AutoModelForCausalLM / AutoTokenizer), got "
                 f"{type(model).__name__} and {type(processing_class).__name__}"
             )
-        if args.attention == "isolated":
+        if args.attention != "causal":
             check_attention_implementation(model)
         ensure_parallel_tokens(processing_class, model)
         vocab = tag_vocab(processing_class)
@@ -176,28 +179,31 @@ class ParallelSFTTrainer(SFTTrainer):
         self.tag_vocab = vocab
         if peft_config is not None:
             _expose_head_bias(self.model.get_output_embeddings())
-        if args.attention == "isolated":
-            self._check_isolated_setup()
+        if args.attention != "causal":
+            self._check_structured_setup()
 
-    def _check_isolated_setup(self) -> None:
+    def _check_structured_setup(self) -> None:
+        attention = self.args.attention
         if not (self.completion_only_loss or self.args.assistant_only_loss):
             raise ValueError(
-                "attention='isolated' needs the prompt out of the loss: use prompt-completion data (the default "
+                f"attention={attention!r} needs the prompt out of the loss: use prompt-completion data (the default "
                 "completion_only_loss then applies) or set completion_only_loss=True"
             )
         parallelism = self.accelerator.parallelism_config
         if parallelism is not None and (parallelism.cp_enabled or parallelism.sp_enabled):
             raise ValueError(
-                "attention='isolated' cannot run with context or sequence parallelism: both shard the sequence and "
-                "replace the attention mask with plain causal attention"
+                f"attention={attention!r} cannot run with context or sequence parallelism: both shard the sequence "
+                "and replace the attention mask with plain causal attention"
             )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Isolated: SFTTrainer's loss, with the model called on the batch's isolated structure.
+        """Isolated and tree: SFTTrainer's loss, with the model called on the batch's structure.
 
         Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
         it after the forward (the token count it logs), and a 4-D mask there would count pairs.
         """
         if self.args.attention == "isolated":
             model = IsolatedForward(model, self.tag_vocab, completion_starts(inputs["labels"]))
+        elif self.args.attention == "tree":
+            model = TreeForward(model, self.tag_vocab, completion_starts(inputs["labels"]))
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
