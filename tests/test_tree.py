@@ -1,0 +1,112 @@
+"""The tree variant: what a serving engine samples in fork mode, and the forward that trains exactly that."""
+
+import pytest
+import torch
+from rollout_helpers import engine, prompts, trainer_logprobs
+
+from parallel_r1.format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, parse
+from parallel_r1.structure import TreeForward, tree_mask, tree_row
+
+
+def test_the_layout_copies_every_later_path_at_the_positions_it_was_sampled_at(tag_prone):
+    _, _, tokenizer, vocab = tag_prone
+    tag = vocab.ids
+    a, b, c, x, y = tokenizer.convert_tokens_to_ids(["a", "b", "c", "x", "y"])
+    prompt = [x, y]
+    completion = [a, tag[PARALLEL_OPEN], tag[PATH_OPEN], b, tag[PATH_CLOSE], tag[PATH_OPEN], c, c, tag[PATH_CLOSE],
+                  tag[PATH_OPEN], a, tag[PATH_CLOSE], tag[PARALLEL_CLOSE], tag[SUMMARY_OPEN], b, tag[SUMMARY_CLOSE]]  # fmt: skip
+    row = tree_row(prompt + completion, len(prompt), vocab)
+    opener = 3  # x y a <Parallel>
+    second, third = range(7, 11), range(11, 14)  # in-line columns of the 2nd and 3rd paths
+    assert row.ids[18:] == [row.ids[i] for i in [*second, *third]]  # the copies, after the row as written
+    assert row.positions[18:22] == list(range(opener + 1, opener + 5)) == row.positions[4:8]  # as the 1st path's
+    assert row.positions[22:] == list(range(opener + 1, opener + 4))  # every copy restarts after <Parallel>
+    assert row.copy[:18] == [-1] * 18 and row.copy[18:] == [0] * 4 + [1] * 3
+    # the first token of each later path is predicted from <Parallel>, the others from their copy
+    assert row.source[6] == opener and row.source[7:10] == [18, 19, 20]
+    assert row.source[10] == opener and row.source[11:13] == [22, 23]
+    assert row.source[15] == 15 and row.source[4] == 4  # the summary and the first path: the row itself
+    mask = tree_mask([row], len(row.ids), "cpu")[0, 0]
+    assert mask[19, : opener + 1].all() and not mask[19, opener + 1 : 18].any()  # the context, not the paths
+    assert mask[19, 18:20].all() and not mask[19, 20:].any()
+    assert not mask[22, 18:22].any()  # the third path's copy does not see the second's
+    assert mask[17, :18].all() and not mask[17, 18:].any()  # the summary reads the paths as written
+
+
+@pytest.mark.parametrize("num_paths", [2, 3, 4])
+@pytest.mark.parametrize("limits", [{}, {"max_blocks": 1}, {"max_completion_tokens": 40}])
+def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths, limits):
+    """K paths, several blocks, the block limit reached, completions cut: the engine's fork sampling (paths from
+    the context alone, the summary over a causal re-reading) is what the tree forward scores, to float32 noise."""
+    _, _, tokenizer, _ = tag_prone
+    rollouts = engine(tag_prone, attention="tree", num_paths=num_paths, seed=num_paths, **limits).generate(
+        prompts(tokenizer)
+    )
+    assert any(r.blocks for r in rollouts)
+    for r in rollouts:
+        sampled = torch.tensor(r.env_mask).bool()
+        tree = trainer_logprobs(tag_prone, r, isolated=False, max_blocks=limits.get("max_blocks", 4), tree=True)
+        torch.testing.assert_close(tree[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-5, rtol=0)
+
+
+def test_the_causal_forward_would_not_be_exact(tag_prone):
+    """Why the variant exists: scoring fork rollouts causally lets later paths see earlier ones."""
+    _, _, tokenizer, _ = tag_prone
+    rollouts = engine(tag_prone, attention="tree", num_paths=3, seed=3).generate(prompts(tokenizer))
+    gaps = [(trainer_logprobs(tag_prone, r, isolated=False) - torch.tensor(r.logprobs)).abs().max() for r in rollouts]
+    assert max(gaps) > 0.1
+
+
+def test_a_later_path_is_scored_without_the_earlier_ones(tag_prone):
+    """Changing the first path of a block changes no log-prob of its other paths, and does change the summary's."""
+    _, model, tokenizer, vocab = tag_prone
+    rollout = next(r for r in engine(tag_prone, attention="tree", seed=5).generate(prompts(tokenizer)) if r.blocks)
+    start = len(rollout.prompt_ids)
+    ids = rollout.prompt_ids + rollout.completion_ids
+    block = parse(rollout.completion_ids, vocab).blocks[0]
+    first, later = block.paths[0], block.paths[1:]
+    body = range(start + first.open_at + 1, start + first.open_at + 1 + len(first.body))
+    changed = list(ids)
+    for i in body:
+        changed[i] = tokenizer.convert_tokens_to_ids("z")
+    assert changed != ids
+
+    def logps(sequence):  # log-prob of token i at index i - 1
+        tensor = torch.tensor([sequence])
+        with torch.no_grad():
+            logits = TreeForward(model, vocab, start)(tensor, torch.ones_like(tensor)).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, tensor[0, 1:, None]).squeeze(-1)
+
+    before, after = logps(ids), logps(changed)
+    scored = torch.tensor([start + i - 1 for path in later for i in range(path.start, path.end)])
+    assert torch.equal(before[scored], after[scored])
+    after_paths = start + block.paths_end - 1  # </Parallel> on: they read the paths as written
+    assert not torch.allclose(before[after_paths:], after[after_paths:])
+
+
+def test_sft_trains_the_tree_policy(tiny_dir, tmp_path):
+    """The cold start trains what RL samples: SFT's loss with attention='tree' is the mean of -log p over the
+    completion tokens under the tree forward, and a step runs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from parallel_r1.data import load_sft_traces
+    from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype="float32")
+    args = ParallelSFTConfig(output_dir=str(tmp_path), attention="tree", per_device_train_batch_size=2, max_steps=1,
+                             max_length=1400, report_to=[], use_cpu=True, bf16=False, save_strategy="no")  # fmt: skip
+    traces = load_sft_traces("parallel_gsm8k_sample", limit=2)
+    trainer = ParallelSFTTrainer(model, args, processing_class=tokenizer, train_dataset=traces)
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, batch)
+        labels = batch["labels"]
+        starts = (labels != -100).int().argmax(-1)
+        logits = TreeForward(model, trainer.tag_vocab, starts)(batch["input_ids"], batch["attention_mask"]).logits
+    logps = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]
+    in_loss = labels[:, 1:] != -100
+    torch.testing.assert_close(loss, -(logps * in_loss).sum() / in_loss.sum(), atol=1e-5, rtol=1e-5)
+    assert any(parse(t[0]["content"]).blocks for t in traces["completion"])  # there were paths to copy
+    trainer.train()
+    assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
