@@ -47,6 +47,7 @@ demo: install
 bench: install
 	$(PY) benchmarks/bench_rewards.py
 	$(PY) benchmarks/bench_rollout.py
+	$(PY) benchmarks/bench_structures.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

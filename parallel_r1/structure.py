@@ -250,7 +250,8 @@ class TreeForward:
                 if column >= first:
                     index[r, column - first] = row.source[q]
         picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.size(-1)))
-        logits = self.model.get_output_embeddings()(picked)
+        head = getattr(self.model, "module", self.model).get_output_embeddings()  # through DDP / DeepSpeed wrappers
+        logits = head(picked)
         return SimpleNamespace(logits=logits, aux_loss=getattr(out, "aux_loss", None))
 
     def _fused(self, input_ids, attention_mask, labels, **kwargs):

@@ -39,7 +39,11 @@ def length_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 5) for c in completions]
 
 
-def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir, exact_cpu_vllm):
+@pytest.mark.parametrize(
+    "attention, mode",
+    [("causal", "sequential"), ("tree", "fork")],  # the exact pairs: vLLM samples what the trainer computes
+)
+def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir, exact_cpu_vllm, attention, mode):
     problems = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
     dataset = Dataset.from_dict({"prompt": [build_prompt(p) for p in problems], "answer": ["5", "9", "3", "12"]})
     args = ParallelGRPOConfig(
@@ -47,8 +51,8 @@ def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir
         use_vllm=True,
         vllm_mode="colocate",
         vllm_max_model_length=1024,
-        attention="causal",
-        rollout_mode="sequential",  # the exact pair: vLLM samples what the trainer computes
+        attention=attention,
+        rollout_mode=mode,
         max_blocks=100,
         per_device_train_batch_size=4,
         num_generations=4,
@@ -80,3 +84,8 @@ def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir
     # every generation, including those after updates, was sampled from the weights being trained
     assert max(gaps) < 1e-3
     assert all("parallel/ratio" in e for e in trainer.state.log_history if "loss" in e)
+    assert max(e.get("parallel/blocks_per_completion", 0) for e in trainer.state.log_history) > 0
+    zeroed = [e["sampling/importance_sampling_zeroed"] for e in trainer.state.log_history if "loss" in e]
+    assert zeroed and max(zeroed) == 0.0  # exact sampling: TRL's correction drops nothing
+    if attention == "tree":
+        assert max(e["parallel/tree_extra_tokens"] for e in trainer.state.log_history if "loss" in e) > 0

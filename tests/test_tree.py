@@ -110,3 +110,24 @@ def test_sft_trains_the_tree_policy(tiny_dir, tmp_path):
     assert any(parse(t[0]["content"]).blocks for t in traces["completion"])  # there were paths to copy
     trainer.train()
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
+
+
+def test_the_tree_forward_reaches_the_head_through_a_distributed_wrapper(tag_prone):
+    """Under accelerate the trainer's model is wrapped (DDP, DeepSpeed: the model is `.module`)."""
+    _, model, tokenizer, vocab = tag_prone
+    rollout = next(r for r in engine(tag_prone, attention="tree", seed=1).generate(prompts(tokenizer)) if r.blocks)
+    ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])
+
+    class Wrapped(torch.nn.Module):  # what DistributedDataParallel looks like from outside
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    start = len(rollout.prompt_ids)
+    with torch.no_grad():
+        plain = TreeForward(model, vocab, start)(ids, torch.ones_like(ids)).logits
+        wrapped = TreeForward(Wrapped(model), vocab, start)(ids, torch.ones_like(ids)).logits
+    assert torch.equal(plain, wrapped)

@@ -275,13 +275,26 @@ class ParallelGRPOTrainer(GRPOTrainer):
         if self.args.measure_sampling_mismatch and "sampling_per_token_logps" in output:
             if not (self.use_vllm and self.vllm_importance_sampling_correction):  # TRL logs it in that case
                 self._log_mismatch(output, mode)
+        if "importance_sampling_ratio" in output:
+            self._log_zeroed(output, mode)
         return output
+
+    def _log_zeroed(self, output: dict, mode: str) -> None:
+        """The share of TRL's importance weights that its mask modes set to 0: completions dropped from the loss
+        (sequence modes, one weight a completion) or tokens (token modes)."""
+        ratio = output["importance_sampling_ratio"]
+        weights = ratio if ratio.size(-1) == 1 else ratio[output["completion_mask"].bool()]
+        zeroed = torch.stack([(weights == 0).sum().float(), torch.tensor(float(weights.numel()), device=ratio.device)])
+        zeroed, total = self.accelerator.gather(zeroed[None]).sum(0).tolist()
+        self._metrics[mode]["sampling/importance_sampling_zeroed"].append(zeroed / total if total else 0.0)
 
     def _log_shapes(self, output: dict, mode: str) -> None:
         completions = [
             ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"])
         ]
-        shapes = [stats(parse(ids, self.tag_vocab)) for ids in completions]
+        parsed = [parse(ids, self.tag_vocab) for ids in completions]
+        shapes = [stats(p) for p in parsed]
+        copied = [sum(path.length for block in p.blocks for path in block.paths[1:]) for p in parsed]
         rows = torch.tensor(
             [
                 [
@@ -292,15 +305,16 @@ class ParallelGRPOTrainer(GRPOTrainer):
                     sum(s.block_positions),
                     s.total,
                     s.critical,
+                    extra,
                 ]
-                for s in shapes
+                for s, extra in zip(shapes, copied)
             ],
             dtype=torch.float64,
             device=self.accelerator.device,
         )
         totals = self.accelerator.gather(rows).sum(0).tolist()
         count = self.accelerator.gather(torch.tensor([len(shapes)], device=self.accelerator.device)).sum().item()
-        parallel, well_formed, blocks, paths, positions, total, critical = totals
+        parallel, well_formed, blocks, paths, positions, total, critical, copied = totals
         metrics = self._metrics[mode]
         metrics["parallel/ratio"].append(parallel / count)
         metrics["parallel/format_valid"].append(well_formed / count)
@@ -310,6 +324,8 @@ class ParallelGRPOTrainer(GRPOTrainer):
         metrics["parallel/tokens_total"].append(total / count)
         metrics["parallel/tokens_critical"].append(critical / count)
         metrics["parallel/critical_over_total"].append(critical / total if total else 1.0)
+        if self.args.attention == "tree":  # the copies its training forward adds, per completion
+            metrics["parallel/tree_extra_tokens"].append(copied / count)
 
     @torch.no_grad()
     def _log_mismatch(self, output: dict, mode: str) -> None:
