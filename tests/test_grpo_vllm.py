@@ -89,3 +89,28 @@ def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir
     assert zeroed and max(zeroed) == 0.0  # exact sampling: TRL's correction drops nothing
     if attention == "tree":
         assert max(e["parallel/tree_extra_tokens"] for e in trainer.state.log_history if "loss" in e) > 0
+
+
+def test_a_tree_run_on_colocated_vllm_resumes_exact(tmp_path, tag_prone_dir, exact_cpu_vllm):
+    problems = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
+    dataset = Dataset.from_dict({"prompt": [build_prompt(p) for p in problems], "answer": ["5", "9", "3", "12"]})
+
+    def run(max_steps, resume=None):
+        args = ParallelGRPOConfig(
+            output_dir=str(tmp_path / "out"), use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024,
+            attention="tree", rollout_mode="fork", per_device_train_batch_size=4, num_generations=4,
+            max_completion_length=32, max_steps=max_steps, learning_rate=0.05, logging_steps=1, report_to=[],
+            save_strategy="steps", save_steps=2, use_cpu=True, bf16=False, seed=0,
+        )  # fmt: skip
+        trainer = ParallelGRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32"), reward_funcs=[length_reward],
+            args=args, processing_class=AutoTokenizer.from_pretrained(tag_prone_dir), train_dataset=dataset,
+        )  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    run(2)
+    resumed = run(3, resume=str(tmp_path / "out" / "checkpoint-2"))
+    after = [e for e in resumed.state.log_history if e.get("step") == 3 and "loss" in e]
+    assert resumed.state.global_step == 3 and after
+    assert after[0]["sampling/sampling_logp_difference/max"] < 1e-3  # exact after the resume too

@@ -38,7 +38,7 @@ SFT = [  # (key, value, source)
     ("per_device_train_batch_size", 1, "§2b"),
     ("gradient_accumulation_steps", 16, "§2b"),
 ]
-SFT_ATTENTION = {"seen": "causal", "unseen": "isolated", "unseen_lora": "isolated"}
+SFT_ATTENTION = {"seen": "causal", "unseen": "isolated", "unseen_lora": "isolated", "tree": "tree"}
 
 # --------------------------------------------------------------------------- RL (REFERENCE §2 step 4, §2b, §3)
 
@@ -112,6 +112,8 @@ GRPO = {
         800,
         "§2b, §3: the peak ~320 generations into phase B",
     ),  # fmt: skip
+    "unseen_s2_tree": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "§2 step 4"),
+    "seen_dapo_tree": (["accuracy"], 0.2, DAPO, "causal", "fork", (8, 2048, 1024), 600, "§2 step 4"),
 }
 
 # (recipe or "*", key) -> why the recipe differs from the paper (the recipe says it on the key's line too)
@@ -128,6 +130,8 @@ DEVIATIONS = {
     ("*", "per_device_train_batch_size"): "SFT: 2 a GPU x 8 accumulation instead of 1 x 16, the same 128 a step",
     ("*", "gradient_accumulation_steps"): "as per_device_train_batch_size",
     ("unseen_lora", "learning_rate"): "LoRA is not in the paper; adapters want a larger rate than full fine-tuning",
+    ("unseen_s2_tree", "attention"): "tree is what vLLM samples in fork mode, so the sampler is the trainer",
+    ("seen_dapo_tree", "attention"): "as unseen_s2_tree: the paper's concurrent Seen rollouts, trained as sampled",
 }
 
 
