@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -34,8 +38,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 def rollouts(model, tokenizer, vocab, device, batch: int, length: int):
     from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
 
-    config = RolloutConfig(attention="tree", num_paths=3, max_blocks=4, max_path_tokens=length // 6,
-                           max_summary_tokens=length // 12, max_completion_tokens=length)  # fmt: skip
+    config = RolloutConfig(attention="tree", num_paths=2, max_blocks=4, max_path_tokens=length // 4,
+                           max_summary_tokens=length // 8, max_completion_tokens=length)  # fmt: skip
     backend = TransformersBackend(model, Sampling(temperature=1.0, seed=0), pad_token_id=tokenizer.pad_token_id)
     newline = tokenizer.encode("\n", add_special_tokens=False)
     engine = ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, config)
@@ -45,8 +49,7 @@ def rollouts(model, tokenizer, vocab, device, batch: int, length: int):
     prompts = [tokenizer.encode(p["prompt"][0]["content"][-400:], add_special_tokens=False) for p in problems]
     with torch.no_grad():
         sampled = engine.generate(prompts)
-    sampled.sort(key=lambda r: (r.blocks, len(r.completion_ids)), reverse=True)  # the rows with the most paths
-    return sampled[:batch]
+    return [r for r in sampled if r.blocks][:batch]  # the first rows that think in parallel at all
 
 
 def forward_rows(variant: str, model, vocab, rows, device, passes: int) -> dict:
@@ -59,7 +62,7 @@ def forward_rows(variant: str, model, vocab, rows, device, passes: int) -> dict:
         seq = r.prompt_ids + r.completion_ids
         ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
     ids, mask = ids.to(device), mask.to(device)
-    start = len(rows[0].prompt_ids)
+    start = torch.tensor([len(r.prompt_ids) for r in rows])  # each row's own completion start
     forward = {
         "causal": model,
         "isolated": IsolatedForward(model, vocab, start),
@@ -69,18 +72,21 @@ def forward_rows(variant: str, model, vocab, rows, device, passes: int) -> dict:
     if variant == "tree":
         tokens += forward.extra_tokens(ids, mask)
     best, peak = float("inf"), None
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for _ in range(passes):
         model.zero_grad(set_to_none=True)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()
         begin = time.perf_counter()
-        logits = forward(input_ids=ids, attention_mask=mask, logits_to_keep=ids.size(1) - start + 1).logits
+        logits = forward(input_ids=ids, attention_mask=mask, logits_to_keep=ids.size(1)).logits
         logits.float().logsumexp(-1).sum().backward()
         if device == "cuda":
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() / 2**20
         best = min(best, time.perf_counter() - begin)
+    if device != "cuda":  # KiB on Linux; the growth of the peak, so run each variant in a fresh process
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
     return {"seconds": best, "tokens": tokens, "peak_mib": peak}
 
 
@@ -120,7 +126,7 @@ def vllm_gaps(model_dir, steps: int) -> dict:
             results[attention] = {
                 "gap_max": max(e["sampling/sampling_logp_difference/max"] for e in logs),
                 "gap_mean": sum(e["sampling/sampling_logp_difference/mean"] for e in logs) / len(logs),
-                "zeroed": sum(e["sampling/importance_sampling_zeroed"] for e in logs) / len(logs),
+                "zeroed": sum(e["sampling/importance_weights_clipped"] for e in logs) / len(logs),
                 "blocks": sum(e["parallel/blocks_per_completion"] for e in logs) / len(logs),
             }
     return results
@@ -135,6 +141,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps of the vLLM measurement")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "structures.md")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # child mode: one variant, in its own process
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,34 +150,45 @@ def main() -> None:
     from parallel_r1.tiny import save_tiny
     from parallel_r1.tokens import tag_vocab
 
-    with tempfile.TemporaryDirectory() as folder:
-        model_dir = save_tiny(Path(folder) / "model", tag_prone=True)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").to(args.device)
+    if args.variant:  # the same seeded rollouts in every child, so each variant's peak is its own
+        tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype="float32").to(args.device)
         vocab = tag_vocab(tokenizer)
         rows = rollouts(model, tokenizer, vocab, args.device, args.batch, args.length)
-        timing = {
-            v: forward_rows(v, model, vocab, rows, args.device, args.passes) for v in ("causal", "isolated", "tree")
-        }
+        result = forward_rows(args.variant, model, vocab, rows, args.device, args.passes)
+        print(json.dumps({**result, "rows": len(rows), "blocks": sum(r.blocks for r in rows)}))
+        return
+
+    with tempfile.TemporaryDirectory() as folder:
+        model_dir = save_tiny(Path(folder) / "model", tag_prone=True)
+        timing = {}
+        for variant in ("causal", "isolated", "tree"):
+            command = [sys.executable, __file__, "--variant", variant, "--model-dir", str(model_dir),
+                       "--device", args.device, "--batch", str(args.batch), "--length", str(args.length),
+                       "--passes", str(args.passes)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            timing[variant] = json.loads(done.stdout.strip().splitlines()[-1])
         gaps = None if args.skip_vllm else vllm_gaps(model_dir, args.steps)
 
-    blocks = sum(r.blocks for r in rows)
+    rows, blocks = timing["tree"]["rows"], timing["tree"]["blocks"]
     lines = [
         "# Training forward of the attention variants, and what vLLM sampling leaves to correct",
         "",
         f"`python benchmarks/bench_structures.py --device {args.device} --batch {args.batch} --length {args.length}`"
         f" on {platform.machine()} ({os.cpu_count()} CPUs, torch {torch.__version__}),"
-        f" {datetime.now(timezone.utc):%Y-%m-%d}. Tiny tag-prone model; {len(rows)} fork rollouts of up to"
-        f" {args.length} tokens, 3 paths a block, {blocks} blocks in all.",
+        f" {datetime.now(timezone.utc):%Y-%m-%d}. Tiny tag-prone model; {rows} fork rollouts of up to"
+        f" {args.length} tokens (the first that open a block), 2 paths a block as in the recipes, {blocks} blocks in"
+        " all, each row with its own completion start. Each variant runs in its own process; on CPU the peak memory"
+        " is the growth of the process's peak resident memory during the passes.",
         "",
-        "| variant | forward + backward (s) | vs causal | tokens run | vs causal | peak memory (MiB) |",
-        "|---|---|---|---|---|---|",
+        "| variant | forward + backward (s) | vs causal | tokens run | vs causal | peak memory (MiB) | vs causal |",
+        "|---|---|---|---|---|---|---|",
     ]
     base = timing["causal"]
     for variant, t in timing.items():
-        peak = f"{t['peak_mib']:.0f}" if t["peak_mib"] is not None else "not measured on CPU"
+        peak = f"{t['peak_mib']:.0f}"
         lines.append(f"| {variant} | {t['seconds']:.3f} | {t['seconds'] / base['seconds']:.2f}x | {t['tokens']} |"
-                     f" {t['tokens'] / base['tokens']:.2f}x | {peak} |")  # fmt: skip
+                     f" {t['tokens'] / base['tokens']:.2f}x | {peak} | {t['peak_mib'] / base['peak_mib']:.2f}x |")  # fmt: skip
     if gaps:
         lines += [
             "",

@@ -203,8 +203,12 @@ def tree_mask(rows: list[TreeRow], width: int, device) -> torch.Tensor:
 class TreeForward:
     """`model` on the tree layout of the ids it is given, answering as the model would on those ids: `.logits` for
     the last `logits_to_keep` columns of the original rows, each column's row of logits being the one that predicts
-    the next token of the original row under the tree policy (for a path token: from its isolated copy). The
-    backbone runs on the extended rows; the LM head only on the kept columns."""
+    the next token of the original row under the tree policy (for a path token: from its isolated copy).
+
+    The backbone runs on the extended rows. A forward pre-hook on the LM head hands it only the rows of hidden
+    states that the kept columns need, so the head, and whatever the model does to its logits after it (Gemma's
+    softcapping, Cohere's or Granite's scaling), run inside the model's own forward, under any wrapper that gathers
+    the head's weights there (DDP, DeepSpeed ZeRO-3, FSDP, PEFT)."""
 
     def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int):
         self.model, self.vocab, self.completion_start = model, vocab, completion_start
@@ -238,10 +242,6 @@ class TreeForward:
         pad = 0
         ext_ids = torch.tensor([r.ids + [pad] * (width - len(r.ids)) for r in rows], device=device)
         positions = torch.tensor([r.positions + [0] * (width - len(r.positions)) for r in rows], device=device)
-        kwargs.update(use_cache=False, output_hidden_states=True, logits_to_keep=1)
-        out = self.model(input_ids=ext_ids, attention_mask=tree_mask(rows, width, device), position_ids=positions,
-                         **kwargs)  # fmt: skip
-        hidden = out.hidden_states[-1]
         keep = logits_to_keep or input_ids.size(1)
         first = input_ids.size(1) - keep
         index = torch.zeros((len(rows), keep), dtype=torch.long, device=device)
@@ -249,10 +249,20 @@ class TreeForward:
             for q, column in enumerate(valid):
                 if column >= first:
                     index[r, column - first] = row.source[q]
-        picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.size(-1)))
+
+        def pick(head, args):  # the head's input: every extended row -> the rows that predict the kept columns
+            hidden = args[0]
+            return (hidden.gather(1, index[..., None].expand(-1, -1, hidden.size(-1))), *args[1:])
+
         head = getattr(self.model, "module", self.model).get_output_embeddings()  # through DDP / DeepSpeed wrappers
-        logits = head(picked)
-        return SimpleNamespace(logits=logits, aux_loss=getattr(out, "aux_loss", None))
+        handle = head.register_forward_pre_hook(pick)
+        try:
+            kwargs.update(use_cache=False, logits_to_keep=0)
+            mask = tree_mask(rows, width, device)
+            out = self.model(input_ids=ext_ids, attention_mask=mask, position_ids=positions, **kwargs)
+        finally:
+            handle.remove()
+        return SimpleNamespace(logits=out.logits, aux_loss=getattr(out, "aux_loss", None))
 
     def _fused(self, input_ids, attention_mask, labels, **kwargs):
         out = self(input_ids, attention_mask, **kwargs)

@@ -301,3 +301,17 @@ def test_max_prompt_length_drops_exactly_the_longer_templated_prompts(tiny_dir, 
     script_args, training_args, _ = grpo_parser().parse_args_and_config(flags)
     kept = load_split(script_args, training_args, tiny_tokenizer, "train")
     assert len(kept) == sum(n <= limit for n in lengths) < 8
+
+
+def test_the_share_of_importance_weights_the_correction_changed_is_logged(tmp_path, tag_prone_dir, dataset):
+    trainer = trainer_for(tag_prone_dir, config(tmp_path), dataset)
+    completion_mask = torch.ones(4, 3, dtype=torch.long)
+    tool_mask = torch.tensor([[0, 1, 1]] * 4)  # the first token of each was inserted by the runtime
+    output = {"completion_mask": completion_mask, "tool_mask": tool_mask}
+    trainer.args.vllm_importance_sampling_mode = "sequence_mask"
+    trainer._log_clipped({**output, "importance_sampling_ratio": torch.tensor([[0.0], [1.2], [0.0], [0.9]])}, "train")
+    trainer.args.vllm_importance_sampling_mode = "token_truncate"
+    ratio = torch.tensor([[9.0, 3.0, 1.0], [1.0, 1.0, 1.0], [1.0, 0.5, 3.0], [1.0, 1.0, 1.0]])
+    trainer._log_clipped({**output, "importance_sampling_ratio": ratio}, "train")
+    # 2 of 4 completions dropped; 2 of the 8 sampled tokens held at the clip (the inserted 9.0 does not count)
+    assert trainer._metrics["train"]["sampling/importance_weights_clipped"] == [0.5, 0.25]

@@ -85,7 +85,7 @@ def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir
     assert max(gaps) < 1e-3
     assert all("parallel/ratio" in e for e in trainer.state.log_history if "loss" in e)
     assert max(e.get("parallel/blocks_per_completion", 0) for e in trainer.state.log_history) > 0
-    zeroed = [e["sampling/importance_sampling_zeroed"] for e in trainer.state.log_history if "loss" in e]
+    zeroed = [e["sampling/importance_weights_clipped"] for e in trainer.state.log_history if "loss" in e]
     assert zeroed and max(zeroed) == 0.0  # exact sampling: TRL's correction drops nothing
     if attention == "tree":
         assert max(e["parallel/tree_extra_tokens"] for e in trainer.state.log_history if "loss" in e) > 0

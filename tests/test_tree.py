@@ -131,3 +131,23 @@ def test_the_tree_forward_reaches_the_head_through_a_distributed_wrapper(tag_pro
         plain = TreeForward(model, vocab, start)(ids, torch.ones_like(ids)).logits
         wrapped = TreeForward(Wrapped(model), vocab, start)(ids, torch.ones_like(ids)).logits
     assert torch.equal(plain, wrapped)
+
+
+def test_the_models_own_logit_processing_applies(tiny_tokenizer):
+    """A model that softcaps its logits (Gemma 2) is scored with the softcap: on a row without blocks the tree
+    forward is the model itself."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from parallel_r1.tokens import tag_vocab
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, final_logit_softcapping=0.5,
+                          attn_implementation="sdpa")  # fmt: skip
+    model = Gemma2ForCausalLM(config).eval()
+    ids = torch.tensor([tiny_tokenizer.encode("What is two plus two? It is four.", add_special_tokens=False)])
+    with torch.no_grad():
+        own = model(input_ids=ids).logits
+        tree = TreeForward(model, tag_vocab(tiny_tokenizer), 3)(ids, torch.ones_like(ids)).logits
+    assert own.abs().max() <= 0.5  # softcapped
+    torch.testing.assert_close(tree, own, atol=1e-5, rtol=0)

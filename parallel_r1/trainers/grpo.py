@@ -276,17 +276,28 @@ class ParallelGRPOTrainer(GRPOTrainer):
             if not (self.use_vllm and self.vllm_importance_sampling_correction):  # TRL logs it in that case
                 self._log_mismatch(output, mode)
         if "importance_sampling_ratio" in output:
-            self._log_zeroed(output, mode)
+            self._log_clipped(output, mode)
         return output
 
-    def _log_zeroed(self, output: dict, mode: str) -> None:
-        """The share of TRL's importance weights that its mask modes set to 0: completions dropped from the loss
-        (sequence modes, one weight a completion) or tokens (token modes)."""
-        ratio = output["importance_sampling_ratio"]
-        weights = ratio if ratio.size(-1) == 1 else ratio[output["completion_mask"].bool()]
-        zeroed = torch.stack([(weights == 0).sum().float(), torch.tensor(float(weights.numel()), device=ratio.device)])
-        zeroed, total = self.accelerator.gather(zeroed[None]).sum(0).tolist()
-        self._metrics[mode]["sampling/importance_sampling_zeroed"].append(zeroed / total if total else 0.0)
+    def _log_clipped(self, output: dict, mode: str) -> None:
+        """The share of TRL's importance weights its correction changed: set to 0 (mask modes) or held at a clip
+        bound (truncate modes); one weight a completion in the sequence modes, one a sampled token in the others."""
+        args, ratio = self.args, output["importance_sampling_ratio"]
+        if args.vllm_importance_sampling_mode.startswith("sequence"):
+            weights = ratio.flatten()
+        else:
+            mask = output["completion_mask"] * output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+            weights = ratio[mask.bool()]
+        if args.vllm_importance_sampling_mode.endswith("mask"):
+            changed = weights == 0
+        else:
+            low = args.vllm_importance_sampling_clip_min
+            changed = (weights >= args.vllm_importance_sampling_clip_max) | (
+                weights <= low if low is not None else torch.zeros_like(weights, dtype=torch.bool)
+            )
+        counts = torch.tensor([[changed.sum().item(), weights.numel()]], dtype=torch.float64, device=ratio.device)
+        clipped, total = self.accelerator.gather(counts).sum(0).tolist()
+        self._metrics[mode]["sampling/importance_weights_clipped"].append(clipped / total if total else 0.0)
 
     def _log_shapes(self, output: dict, mode: str) -> None:
         completions = [
