@@ -43,10 +43,40 @@ def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths,
         prompts(tokenizer)
     )
     assert any(r.blocks for r in rollouts)
+    if "max_blocks" in limits:
+        assert any(r.blocks == 1 for r in rollouts)  # the limit was reached: <Parallel> banned afterwards
+    if "max_completion_tokens" in limits:
+        assert any(r.finish == "length" for r in rollouts)  # cut by the cap
     for r in rollouts:
         sampled = torch.tensor(r.env_mask).bool()
         tree = trainer_logprobs(tag_prone, r, isolated=False, max_blocks=limits.get("max_blocks", 4), tree=True)
         torch.testing.assert_close(tree[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-5, rtol=0)
+
+
+def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
+    """As TRL batches: prompts left-padded, completions right-padded, one completion start for all rows."""
+    from parallel_r1.grammar import Grammar, GrammarForward
+
+    _, model, tokenizer, vocab = tag_prone
+    rollouts = engine(tag_prone, attention="tree", num_paths=3, seed=3).generate(prompts(tokenizer))
+    prompt_width = max(len(r.prompt_ids) for r in rollouts)
+    completion_width = max(len(r.completion_ids) for r in rollouts)
+    pad = tokenizer.pad_token_id
+    ids, mask = [], []
+    for r in rollouts:
+        left, right = prompt_width - len(r.prompt_ids), completion_width - len(r.completion_ids)
+        ids.append([pad] * left + r.prompt_ids + r.completion_ids + [pad] * right)
+        mask.append([0] * left + [1] * (len(r.prompt_ids) + len(r.completion_ids)) + [0] * right)
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
+    rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), 4)
+    with torch.no_grad():
+        batch = GrammarForward(TreeForward(model, vocab, prompt_width), rule, prompt_width, 1.0)(ids, mask).log_probs
+    for row, r in zip(batch, rollouts):
+        sampled = torch.tensor(r.env_mask).bool()
+        alone = trainer_logprobs(tag_prone, r, isolated=False, tree=True)
+        torch.testing.assert_close(row[: len(r.completion_ids)][sampled], alone[sampled], atol=1e-5, rtol=0)
+        torch.testing.assert_close(alone[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-5, rtol=0)
+    assert sum(r.blocks for r in rollouts) > 1 and len({len(r.prompt_ids) for r in rollouts}) > 1
 
 
 def test_the_causal_forward_would_not_be_exact(tag_prone):
