@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 USER_ERRORS = (ValueError, FileNotFoundError)
 
@@ -15,3 +16,13 @@ def run(main: Callable[[], None]) -> None:
     except USER_ERRORS as problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
+
+
+def check_model_path(name: str, what: str = "model") -> None:
+    """Fail at once on a local folder that is not there, instead of letting transformers spend a minute asking the
+    Hub for it and then blame the network. A name is local when it starts with `/`, `.` or `~`, has more than one
+    `/`, or its first part is a folder here (`outputs/tiny-sft`); a Hub id (`Qwen/Qwen3-4B-Base`) is none of these."""
+    path = Path(name).expanduser()
+    local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name.split("/")[0]).is_dir()
+    if local and not path.exists():
+        raise FileNotFoundError(f"{what} folder {name} does not exist (a Hub id is written owner/name)")

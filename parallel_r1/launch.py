@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+
+from .cli import check_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +24,7 @@ def setup_logging(training_args) -> None:
 def load_tokenizer(model_args, training_args):
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required (a Hub id or a local model directory)")
+    check_model_path(model_args.model_name_or_path)
     return AutoTokenizer.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args, training_args))
 
 
@@ -33,9 +38,27 @@ def load_model(model_args, training_args):
     )
 
 
+def resume_target(value, output_dir: str) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names: a folder, or with `true` (or `last`) the newest
+    `checkpoint-*` of `output_dir`; None for nothing or `false`. A folder that is not there is an error."""
+    if value is None or str(value).lower() in ("", "false", "no", "0", "none"):
+        return None
+    if str(value).lower() in ("true", "yes", "1", "last"):
+        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+        if last is None:
+            raise FileNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint-* folder in {output_dir}")
+        return last
+    if not Path(value).is_dir():
+        raise FileNotFoundError(f"--resume_from_checkpoint {value}: no such checkpoint folder")
+    return str(value)
+
+
 def train_and_save(trainer, training_args, dataset_name: str) -> None:
-    """Train (resuming if asked), save to output_dir, push to the Hub if asked."""
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    """Train (resuming if asked: `resume_target`), save to output_dir, push to the Hub if asked."""
+    resume = resume_target(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume:
+        logger.info("Resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:

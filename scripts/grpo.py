@@ -6,7 +6,7 @@
     accelerate launch --config_file accelerate_configs/cpu.yaml scripts/grpo.py --config recipes/tiny/grpo.yaml
 
 The recipe fills `parallel_r1.configs.GRPO_ARGUMENTS`; command-line flags override it. Generation
-(vLLM colocated or server, or transformers), checkpoints, resuming (`--resume_from_checkpoint`),
+(vLLM colocated or server, or transformers), checkpoints, resuming (`--resume_from_checkpoint <dir>` or `true`),
 logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL's own.
 """
 
@@ -14,6 +14,7 @@ import logging
 
 from trl import get_peft_config
 
+from parallel_r1.cli import run
 from parallel_r1.configs import grpo_parser
 from parallel_r1.data import load_problems, prompt_ids
 from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
@@ -74,7 +75,11 @@ def main(script_args, training_args, model_args):
     train_and_save(trainer, training_args, script_args.dataset_name)
 
 
-if __name__ == "__main__":
+def cli() -> None:
     script_args, training_args, model_args = grpo_parser().parse_args_and_config()
     setup_logging(training_args)
     main(script_args, training_args, model_args)
+
+
+if __name__ == "__main__":
+    run(cli)  # a bad setting, file or column ends in one line: error: ...

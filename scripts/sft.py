@@ -6,12 +6,13 @@
     accelerate launch --config_file accelerate_configs/cpu.yaml scripts/sft.py --config recipes/tiny/sft.yaml
 
 The recipe fills `parallel_r1.configs.SFT_ARGUMENTS`; command-line flags override it. Checkpoints,
-resuming (`--resume_from_checkpoint <dir>`), logging (`report_to`) and the Hub upload (`push_to_hub`,
+resuming (`--resume_from_checkpoint <dir>`, or `true` for the newest checkpoint of output_dir), logging (`report_to`) and the Hub upload (`push_to_hub`,
 `hub_model_id`) are TRL's and transformers' own.
 """
 
 from trl import get_peft_config
 
+from parallel_r1.cli import run
 from parallel_r1.configs import sft_parser
 from parallel_r1.data import drop_long_traces, load_sft_traces
 from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
@@ -55,7 +56,11 @@ def main(script_args, training_args, model_args):
     train_and_save(trainer, training_args, script_args.dataset_name)
 
 
-if __name__ == "__main__":
+def cli() -> None:
     script_args, training_args, model_args = sft_parser().parse_args_and_config()
     setup_logging(training_args)
     main(script_args, training_args, model_args)
+
+
+if __name__ == "__main__":
+    run(cli)  # a bad setting, file or column ends in one line: error: ...

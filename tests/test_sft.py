@@ -336,7 +336,7 @@ def test_accelerate_launch_trains_saves_with_the_tags_and_resumes(tiny_dir, tmp_
     initial = AutoModelForCausalLM.from_pretrained(tiny_dir)
     assert not torch.equal(trained.model.layers[0].mlp.up_proj.weight, initial.model.layers[0].mlp.up_proj.weight)
 
-    resume = ["--resume_from_checkpoint", str(out / "checkpoint-2"), "--save_strategy", "steps"]
+    resume = ["--resume_from_checkpoint", "true", "--save_strategy", "steps"]  # the newest checkpoint of output_dir
     log = launch_sft(out, tiny_dir, "--max_steps", "3", "--max_train_samples", "4", *resume)
     assert "Resuming training from checkpoint with epoch 2 and global step 2" in log  # transformers' own report
     assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3

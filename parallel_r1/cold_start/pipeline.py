@@ -27,6 +27,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..answers import extract_reference
+from ..cli import check_model_path
 from ..data import build_prompt, load_problems, problem_text
 from ..resume import AppendLog, check_settings, read_lines
 from ..tokens import add_parallel_tokens
@@ -54,6 +55,7 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
         row["id"]: {"problem": problem_text(row["prompt"]), "reference": extract_reference(row["answer"])}
         for row in problems
     }
+    check_model_path(config.model_name_or_path, "teacher")
     tokenizer = student_tokenizer(config.student_tokenizer)
     has_records = bool(read_lines(folder / SAMPLES))
     check_settings(folder, config.generation_settings(), "a cold-start generation", has_records)
@@ -166,6 +168,7 @@ def student_tokenizer(name: str | None):
         return None
     from transformers import AutoTokenizer
 
+    check_model_path(name, "student_tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(name)
     if add_parallel_tokens(tokenizer):
         logger.info("student_tokenizer %s had no tags: counted with the tags added, as SFT adds them", name)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..cli import check_model_path
 from ..data import load_problems, prompt_ids
 from ..resume import check_settings
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, Segment, TransformersBackend
@@ -43,6 +44,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes (torchrun) share the work too
     folder = Path(config.output_dir)
     path = model_args.model_name_or_path
+    check_model_path(path)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
     vocab = tag_vocab(tokenizer) if has_parallel_tokens(tokenizer) else None
     if vocab is None and config.rollout_mode != "plain":

@@ -1,0 +1,51 @@
+"""User-facing edges of the scripts: resuming, a missing model folder, one-line errors."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from parallel_r1.cli import check_model_path
+from parallel_r1.launch import resume_target
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_resume_true_takes_the_newest_checkpoint(tmp_path):
+    for step in (2, 10, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    assert resume_target("true", str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert resume_target("last", str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert resume_target(str(tmp_path / "checkpoint-2"), str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    assert resume_target(None, str(tmp_path)) is None and resume_target("false", str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("value, message", [("true", "no checkpoint-\\* folder in"), ("nope", "no such checkpoint")])
+def test_resume_with_nothing_to_resume_is_refused(tmp_path, value, message):
+    with pytest.raises(FileNotFoundError, match=message):
+        resume_target(value, str(tmp_path / "empty"))
+
+
+def test_a_missing_local_model_folder_is_refused_before_any_hub_lookup(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    for name in (str(tmp_path / "missing"), "./missing", "outputs/missing", "a/b/c"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            check_model_path(name)
+    check_model_path("Qwen/Qwen3-4B-Base")  # a Hub id: left to the Hub
+    check_model_path(str(tmp_path))  # a folder that is there
+
+
+def test_the_sft_script_ends_a_missing_model_in_one_line_and_at_once(tmp_path):
+    command = [sys.executable, "scripts/sft.py", "--config", "recipes/tiny/sft.yaml",
+               "--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    begin = time.time()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"error: model folder {tmp_path / 'no-such-model'} does not exist (a Hub id is written owner/name)"
+    )
+    assert time.time() - begin < 60  # no Hub lookup (the imports take most of it)
