@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 
 from .cli import check_model_path
+from .sampling import ParallelSettings, record_settings
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +54,14 @@ def resume_target(value, output_dir: str) -> str | None:
     return str(value)
 
 
-def train_and_save(trainer, training_args, dataset_name: str) -> None:
-    """Train (resuming if asked: `resume_target`), save to output_dir, push to the Hub if asked."""
+def train_and_save(trainer, training_args, dataset_name: str, settings: ParallelSettings) -> None:
+    """Train (resuming if asked: `resume_target`), save to output_dir with the parallel `settings` recorded in the
+    model's config (`sampling.record_settings`: generation and evaluation read them back), push if asked."""
     resume = resume_target(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume:
         logger.info("Resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
+    record_settings(trainer.accelerator.unwrap_model(trainer.model), settings)
     trainer.save_model(training_args.output_dir)
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:

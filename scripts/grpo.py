@@ -19,6 +19,7 @@ from parallel_r1.configs import grpo_parser
 from parallel_r1.data import load_problems, prompt_ids
 from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
 from parallel_r1.rewards import get_reward_funcs
+from parallel_r1.sampling import ParallelSettings
 from parallel_r1.trainers import ParallelGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,17 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    train_and_save(trainer, training_args, script_args.dataset_name)
+    settings = ParallelSettings(
+        attention=training_args.attention,
+        prompt_template=script_args.prompt_template,
+        rollout_mode="fork" if training_args.rollout_mode == "trl" else training_args.rollout_mode,
+        num_paths=training_args.num_paths,
+        max_blocks=training_args.max_blocks,
+        max_path_tokens=training_args.max_path_tokens,
+        max_summary_tokens=training_args.max_summary_tokens,
+        max_completion_tokens=training_args.max_completion_length,
+    )
+    train_and_save(trainer, training_args, script_args.dataset_name, settings)
 
 
 def cli() -> None:

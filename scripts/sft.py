@@ -16,6 +16,7 @@ from parallel_r1.cli import run
 from parallel_r1.configs import sft_parser
 from parallel_r1.data import drop_long_traces, load_sft_traces
 from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
+from parallel_r1.sampling import ParallelSettings
 from parallel_r1.trainers import ParallelSFTTrainer
 
 
@@ -53,7 +54,8 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    train_and_save(trainer, training_args, script_args.dataset_name)
+    settings = ParallelSettings(attention=training_args.attention, prompt_template=script_args.prompt_template)
+    train_and_save(trainer, training_args, script_args.dataset_name, settings)
 
 
 def cli() -> None:

@@ -49,3 +49,39 @@ def test_the_sft_script_ends_a_missing_model_in_one_line_and_at_once(tmp_path):
         == f"error: model folder {tmp_path / 'no-such-model'} does not exist (a Hub id is written owner/name)"
     )
     assert time.time() - begin < 60  # no Hub lookup (the imports take most of it)
+
+
+def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_prone_dir, tmp_path):
+    import json
+    import shutil
+
+    from parallel_r1.format import TAGS, parse
+    from parallel_r1.sampling import ParallelSettings, read_settings
+    from parallel_r1.tokens import tag_vocab
+
+    model = tmp_path / "model"
+    shutil.copytree(tag_prone_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["parallel_r1"] = {**vars(ParallelSettings(num_paths=3, max_path_tokens=12, max_summary_tokens=6,
+                                                     max_completion_tokens=80))}  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    assert read_settings(str(model)).num_paths == 3 and read_settings(str(model), num_paths=4).num_paths == 4
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"problem": q}) + "\n" for q in ["What is 2+2?", "x", "Tell me.", "a b c"]))
+    out = tmp_path / "answers.jsonl"
+    command = [sys.executable, "scripts/generate.py", "--model_name_or_path", str(model), "--file", str(problems),
+               "--prompt", "Compute 17*3 please.", "--output", str(out)]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    answers = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [a["problem"] for a in answers] == ["Compute 17*3 please.", "What is 2+2?", "x", "Tell me.", "a b c"]
+    from transformers import AutoTokenizer
+
+    vocab = tag_vocab(AutoTokenizer.from_pretrained(model))
+    blocks = [b for a in answers for b in parse(a["completion_ids"], vocab).blocks]
+    assert blocks and all(len(b.paths) == 3 for b in blocks if b.closed)  # the recorded num_paths
+    assert any(tag in a["completion"] for a in answers for tag in TAGS)  # tags printed whole
+    assert all(len(a["completion_ids"]) <= 80 for a in answers)
+    bad = subprocess.run([*command[:4], "--file", str(tmp_path / "none.txt")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --file")

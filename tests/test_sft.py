@@ -333,6 +333,8 @@ def test_accelerate_launch_trains_saves_with_the_tags_and_resumes(tiny_dir, tmp_
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tag_ids(tokenizer) == tag_ids(AutoTokenizer.from_pretrained(tiny_dir))
     trained = AutoModelForCausalLM.from_pretrained(out)
+    recorded = json.loads((out / "config.json").read_text())["parallel_r1"]  # read back by scripts/generate.py
+    assert recorded["attention"] == "isolated" and recorded["prompt_template"] == "parallel"
     initial = AutoModelForCausalLM.from_pretrained(tiny_dir)
     assert not torch.equal(trained.model.layers[0].mlp.up_proj.weight, initial.model.layers[0].mlp.up_proj.weight)
 

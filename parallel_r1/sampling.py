@@ -1,0 +1,107 @@
+"""Sampling a trained model outside training, with the rollout it was trained with.
+
+Training records its parallel settings in the saved model's config (`config.parallel_r1`: the attention variant,
+the prompt template and, after GRPO, the rollout: mode, paths, block limit, budgets), so whoever loads the model
+later samples it as it was trained:
+
+    from parallel_r1.sampling import ParallelSampler
+    sampler = ParallelSampler("outputs/tiny-grpo")            # settings read from the model's config
+    for rollout in sampler.answer(["What is 2 + 3?"]):
+        print(sampler.text(rollout))                          # tags kept whole
+
+`scripts/generate.py` is the command line around it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .data import build_prompt, prompt_ids
+from .format import TAGS
+from .rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
+
+CONFIG_KEY = "parallel_r1"
+
+
+@dataclass
+class ParallelSettings:
+    """What decides how a parallel-thinking model is sampled (defaults: the Unseen recipes')."""
+
+    attention: str = "isolated"
+    prompt_template: str = "parallel"
+    rollout_mode: str = "fork"
+    num_paths: int = 2
+    max_blocks: int = 4
+    max_path_tokens: int = 3000
+    max_summary_tokens: int = 3000
+    max_completion_tokens: int = 3000
+
+    def rollout_config(self) -> RolloutConfig:
+        mode = "sequential" if self.attention == "causal" else self.rollout_mode
+        return RolloutConfig(mode=mode, attention=self.attention, num_paths=self.num_paths,
+                             max_blocks=self.max_blocks, max_path_tokens=self.max_path_tokens,
+                             max_summary_tokens=self.max_summary_tokens,
+                             max_completion_tokens=self.max_completion_tokens)  # fmt: skip
+
+
+def record_settings(model, settings: ParallelSettings) -> None:
+    """Write the settings into the model's config, which `save_pretrained` then saves in config.json."""
+    setattr(model.config, CONFIG_KEY, asdict(settings))
+
+
+def read_settings(model_path: str, **overrides) -> ParallelSettings:
+    """The settings recorded in a saved model's config.json (defaults where none were), then `overrides` (None
+    values are ignored)."""
+    config = Path(model_path) / "config.json"
+    recorded = json.loads(config.read_text()).get(CONFIG_KEY, {}) if config.is_file() else {}
+    known = {f.name for f in fields(ParallelSettings)}
+    values = {k: v for k, v in recorded.items() if k in known}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ParallelSettings(**values)
+
+
+class ParallelSampler:
+    """A saved model and its tokenizer, answering problems with the fork-join engine (transformers backend)."""
+
+    def __init__(self, model_path: str, temperature: float = 1.0, seed: int = 0, device: str | None = None,
+                 **overrides):  # fmt: skip
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from .cli import check_model_path
+        from .tokens import tag_vocab
+
+        check_model_path(model_path)
+        self.settings = read_settings(model_path, **overrides)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = {*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id} - {None}
+        backend = TransformersBackend(self.model, Sampling(temperature=temperature, seed=seed),
+                                      pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
+        newline = self.tokenizer.encode("\n", add_special_tokens=False)
+        vocab = tag_vocab(self.tokenizer)
+        self.engine = ForkJoinEngine(backend, vocab, sorted(eos_ids), newline, self.settings.rollout_config())
+
+    def answer(self, problems: list[str]) -> list:
+        """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""
+        import torch
+
+        prompts = [prompt_ids(self.tokenizer, build_prompt(p, self.settings.prompt_template)) for p in problems]
+        with torch.no_grad():
+            return self.engine.generate(prompts)
+
+    def text(self, rollout, color: bool = False) -> str:
+        """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""
+        text = self.tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
+        return highlight(text) if color else text
+
+
+def highlight(text: str) -> str:
+    """The six tags in bold cyan (ANSI), the rest as it is."""
+    for tag in TAGS:
+        text = text.replace(tag, f"\033[1;36m{tag}\033[0m")
+    return text
