@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,10 +11,13 @@ USER_ERRORS = (ValueError, FileNotFoundError)
 
 
 def run(main: Callable[[], None]) -> None:
-    """Call `main`; a ValueError or FileNotFoundError it raises (a bad setting, a missing file) becomes one line."""
+    """Call `main`; a ValueError or FileNotFoundError it raises (a bad setting, a missing file) becomes one line,
+    unless PARALLEL_R1_TRACEBACK=1 asks for the traceback."""
     try:
         main()
     except USER_ERRORS as problem:
+        if os.environ.get("PARALLEL_R1_TRACEBACK") == "1":
+            raise
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
 

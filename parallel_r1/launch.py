@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 
 from .cli import check_model_path
-from .sampling import ParallelSettings, record_settings
+from .sampling import ParallelSettings, record_settings, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +56,18 @@ def resume_target(value, output_dir: str) -> str | None:
 
 def train_and_save(trainer, training_args, dataset_name: str, settings: ParallelSettings) -> None:
     """Train (resuming if asked: `resume_target`), save to output_dir with the parallel `settings` recorded in the
-    model's config (`sampling.record_settings`: generation and evaluation read them back), push if asked."""
+    model's config and in parallel_r1.json (`scripts/generate.py` reads them back), push if asked."""
     resume = resume_target(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume:
         logger.info("Resuming from %s", resume)
-    trainer.train(resume_from_checkpoint=resume)
-    record_settings(trainer.accelerator.unwrap_model(trainer.model), settings)
+    record_settings(trainer.accelerator.unwrap_model(trainer.model), settings)  # checkpoints carry them too
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: keep the traceback
+        raise RuntimeError(f"training stopped: {error}") from error
     trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        write_settings(training_args.output_dir, settings)
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)

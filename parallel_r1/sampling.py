@@ -15,14 +15,17 @@ later samples it as it was trained:
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from .data import build_prompt, prompt_ids
 from .format import TAGS
-from .rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
+from .rollout import ForkJoinEngine, Rollout, RolloutConfig, Sampling, Segment, TransformersBackend
 
 CONFIG_KEY = "parallel_r1"
+SETTINGS_FILE = "parallel_r1.json"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,7 +34,7 @@ class ParallelSettings:
 
     attention: str = "isolated"
     prompt_template: str = "parallel"
-    rollout_mode: str = "fork"
+    rollout_mode: str = "fork"  # fork or sequential (the engine), or plain (one decode: no tags, no engine)
     num_paths: int = 2
     max_blocks: int = 4
     max_path_tokens: int = 3000
@@ -39,31 +42,45 @@ class ParallelSettings:
     max_completion_tokens: int = 3000
 
     def rollout_config(self) -> RolloutConfig:
-        mode = "sequential" if self.attention == "causal" else self.rollout_mode
-        return RolloutConfig(mode=mode, attention=self.attention, num_paths=self.num_paths,
+        return RolloutConfig(mode=self.rollout_mode, attention=self.attention, num_paths=self.num_paths,
                              max_blocks=self.max_blocks, max_path_tokens=self.max_path_tokens,
                              max_summary_tokens=self.max_summary_tokens,
                              max_completion_tokens=self.max_completion_tokens)  # fmt: skip
 
 
 def record_settings(model, settings: ParallelSettings) -> None:
-    """Write the settings into the model's config, which `save_pretrained` then saves in config.json."""
+    """Write the settings into the model's config, which `save_pretrained` then saves in config.json (and in every
+    checkpoint's)."""
     setattr(model.config, CONFIG_KEY, asdict(settings))
 
 
+def write_settings(folder: str, settings: ParallelSettings) -> None:
+    """The settings as `parallel_r1.json` next to a saved model: a PEFT adapter folder has no config.json."""
+    (Path(folder) / SETTINGS_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
+
+
 def read_settings(model_path: str, **overrides) -> ParallelSettings:
-    """The settings recorded in a saved model's config.json (defaults where none were), then `overrides` (None
-    values are ignored)."""
-    config = Path(model_path) / "config.json"
-    recorded = json.loads(config.read_text()).get(CONFIG_KEY, {}) if config.is_file() else {}
+    """The settings a saved model recorded (its config, local or on the Hub, or `parallel_r1.json`), defaults where
+    it recorded none, then `overrides` (None values are ignored)."""
+    from transformers import AutoConfig
+
+    recorded = getattr(AutoConfig.from_pretrained(model_path), CONFIG_KEY, None)
+    file = Path(model_path) / SETTINGS_FILE
+    if recorded is None and file.is_file():
+        recorded = json.loads(file.read_text())
+    if recorded is None:
+        logger.warning(
+            "%s records no parallel settings: sampling with the defaults %s", model_path, ParallelSettings()
+        )
     known = {f.name for f in fields(ParallelSettings)}
-    values = {k: v for k, v in recorded.items() if k in known}
+    values = {k: v for k, v in (recorded or {}).items() if k in known}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ParallelSettings(**values)
 
 
 class ParallelSampler:
-    """A saved model and its tokenizer, answering problems with the fork-join engine (transformers backend)."""
+    """A saved model and its tokenizer, answering problems with the fork-join engine (transformers backend), or with
+    one plain decode for a model trained without it (`rollout_mode: plain`)."""
 
     def __init__(self, model_path: str, temperature: float = 1.0, seed: int = 0, device: str | None = None,
                  **overrides):  # fmt: skip
@@ -80,11 +97,13 @@ class ParallelSampler:
         self.model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
         eos = self.model.generation_config.eos_token_id
         eos_ids = {*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id} - {None}
-        backend = TransformersBackend(self.model, Sampling(temperature=temperature, seed=seed),
-                                      pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
-        newline = self.tokenizer.encode("\n", add_special_tokens=False)
-        vocab = tag_vocab(self.tokenizer)
-        self.engine = ForkJoinEngine(backend, vocab, sorted(eos_ids), newline, self.settings.rollout_config())
+        self.backend = TransformersBackend(self.model, Sampling(temperature=temperature, seed=seed),
+                                           pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
+        self.eos_ids, self.engine = frozenset(eos_ids), None
+        if self.settings.rollout_mode != "plain":
+            newline = self.tokenizer.encode("\n", add_special_tokens=False)
+            vocab = tag_vocab(self.tokenizer)
+            self.engine = ForkJoinEngine(self.backend, vocab, sorted(eos_ids), newline, self.settings.rollout_config())
 
     def answer(self, problems: list[str]) -> list:
         """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""
@@ -92,7 +111,14 @@ class ParallelSampler:
 
         prompts = [prompt_ids(self.tokenizer, build_prompt(p, self.settings.prompt_template)) for p in problems]
         with torch.no_grad():
-            return self.engine.generate(prompts)
+            if self.engine is not None:
+                return self.engine.generate(prompts)
+            cap = self.settings.max_completion_tokens
+            segments = [Segment(s, max_new=cap, end_ids=self.eos_ids) for s in self.backend.start(prompts)]
+            return [
+                Rollout(prompt, d.tokens, finish="eos" if d.finish == "end" else "length")
+                for prompt, d in zip(prompts, self.backend.decode(segments))
+            ]
 
     def text(self, rollout, color: bool = False) -> str:
         """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""

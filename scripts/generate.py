@@ -24,12 +24,14 @@ from parallel_r1.cli import run
 @dataclass
 class GenerateArguments:
     model_name_or_path: str = field(metadata={"help": "A trained model folder or Hub id."})
-    prompt: list[str] = field(default_factory=list, metadata={"help": "Problems to answer (repeat the flag)."})
+    prompt: list[str] = field(default_factory=list, metadata={"help": "Problems to answer: --prompt 'one' 'two'."})
     file: str | None = field(default=None, metadata={"help": "A .txt (one problem a line) or .jsonl file."})
     output: str | None = field(default=None, metadata={"help": "Write one JSON line a problem here."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     seed: int = field(default=0, metadata={"help": "Seed of the sampling."})
+    batch_size: int = field(default=16, metadata={"help": "Problems sampled together (and written) at a time."})
     attention: str | None = field(default=None, metadata={"help": "Override: isolated, causal or tree."})
+    rollout_mode: str | None = field(default=None, metadata={"help": "Override: fork, sequential or plain."})
     prompt_template: str | None = field(default=None, metadata={"help": "Override: parallel or plain."})
     num_paths: int | None = field(default=None, metadata={"help": "Override: paths per block."})
     max_blocks: int | None = field(default=None, metadata={"help": "Override: blocks per completion."})
@@ -42,47 +44,59 @@ def read_problems(path: str) -> list[str]:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"--file {path} does not exist")
-    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if file.suffix != ".jsonl":
-        return lines
-    rows = [json.loads(line) for line in lines]
-    missing = [i for i, row in enumerate(rows) if not (row.get("problem") or row.get("question"))]
-    if missing:
-        raise ValueError(f"{path}: line {missing[0] + 1} has no 'problem' or 'question' field")
-    return [row.get("problem") or row["question"] for row in rows]
+    numbered = [(n, line) for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    if file.suffix.lower() != ".jsonl":
+        return [line for _, line in numbered]
+    problems = []
+    for n, line in numbered:
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise ValueError(f"{path}, line {n}, is not JSON: {error}") from None
+        problem = row.get("problem") or row.get("question") if isinstance(row, dict) else None
+        if not isinstance(problem, str) or not problem.strip():
+            raise ValueError(f"{path}, line {n}: no 'problem' or 'question' text")
+        problems.append(problem)
+    return problems
 
 
 def main() -> None:
     (args,) = HfArgumentParser(GenerateArguments).parse_args_into_dataclasses()
     from parallel_r1.sampling import ParallelSampler
 
-    overrides = {k: getattr(args, k) for k in ("attention", "prompt_template", "num_paths", "max_blocks",
-                                                "max_path_tokens", "max_summary_tokens", "max_completion_tokens")}  # fmt: skip
-    sampler = ParallelSampler(args.model_name_or_path, temperature=args.temperature, seed=args.seed, **overrides)
+    overrides = {k: getattr(args, k) for k in ("attention", "prompt_template", "rollout_mode", "num_paths",
+                                                "max_blocks", "max_path_tokens", "max_summary_tokens",
+                                                "max_completion_tokens")}  # fmt: skip
     problems = list(args.prompt) + (read_problems(args.file) if args.file else [])
-    interactive = not problems
+    sampler = ParallelSampler(args.model_name_or_path, temperature=args.temperature, seed=args.seed, **overrides)
     color = sys.stdout.isatty()
     out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 - closed below
     try:
-        while True:
-            if interactive:
-                try:
-                    problems = [input("problem> ").strip()]
-                except EOFError:
-                    break
-                if not problems[0]:
-                    continue
-            for problem, rollout in zip(problems, sampler.answer(problems)):
-                print(f"=== {problem}\n{sampler.text(rollout, color)}\n")
-                if out:
-                    record = {"problem": problem, "completion": sampler.text(rollout), "finish": rollout.finish,
-                              "blocks": rollout.blocks, "completion_ids": rollout.completion_ids}  # fmt: skip
-                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            if not interactive:
+        if problems:
+            for start in range(0, len(problems), args.batch_size):
+                answer(sampler, problems[start : start + args.batch_size], out, color)
+            return
+        while True:  # interactive
+            try:
+                problem = input("problem> ").strip()
+            except EOFError:
                 break
+            if problem:
+                answer(sampler, [problem], out, color)
     finally:
         if out:
             out.close()
+
+
+def answer(sampler, problems: list[str], out, color: bool) -> None:
+    """Sample, print and (with --output) write one batch of problems."""
+    for problem, rollout in zip(problems, sampler.answer(problems)):
+        print(f"=== {problem}\n{sampler.text(rollout, color)}\n")
+        if out:
+            record = {"problem": problem, "completion": sampler.text(rollout), "finish": rollout.finish,
+                      "blocks": rollout.blocks, "completion_ids": rollout.completion_ids}  # fmt: skip
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":

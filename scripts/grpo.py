@@ -76,7 +76,7 @@ def main(script_args, training_args, model_args):
     settings = ParallelSettings(
         attention=training_args.attention,
         prompt_template=script_args.prompt_template,
-        rollout_mode="fork" if training_args.rollout_mode == "trl" else training_args.rollout_mode,
+        rollout_mode="plain" if training_args.rollout_mode == "trl" else training_args.rollout_mode,
         num_paths=training_args.num_paths,
         max_blocks=training_args.max_blocks,
         max_path_tokens=training_args.max_path_tokens,

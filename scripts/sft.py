@@ -54,7 +54,9 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    settings = ParallelSettings(attention=training_args.attention, prompt_template=script_args.prompt_template)
+    mode = "sequential" if training_args.attention == "causal" else "fork"  # the exact rollout of the variant
+    settings = ParallelSettings(attention=training_args.attention, prompt_template=script_args.prompt_template,
+                                rollout_mode=mode)  # fmt: skip
     train_and_save(trainer, training_args, script_args.dataset_name, settings)
 
 

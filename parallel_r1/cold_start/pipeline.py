@@ -55,7 +55,8 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
         row["id"]: {"problem": problem_text(row["prompt"]), "reference": extract_reference(row["answer"])}
         for row in problems
     }
-    check_model_path(config.model_name_or_path, "teacher")
+    if config.backend != "openai":  # a server's model name is its own
+        check_model_path(config.model_name_or_path, "teacher")
     tokenizer = student_tokenizer(config.student_tokenizer)
     has_records = bool(read_lines(folder / SAMPLES))
     check_settings(folder, config.generation_settings(), "a cold-start generation", has_records)
