@@ -17,6 +17,15 @@ from .evaluation.config import EvaluationConfig
 from .trainers.grpo import ParallelGRPOConfig
 from .trainers.sft import ParallelSFTConfig
 
+
+def recipe_parser(classes: tuple) -> TrlParser:
+    """TRL's parser for `classes`, its --help ending with `--config` (which TrlParser reads before parsing, so it is
+    not one of the parser's own arguments)."""
+    parser = TrlParser(classes)
+    parser.epilog = "--config RECIPE.yaml   a recipe: its keys fill the fields above; flags given here win."
+    return parser
+
+
 # --------------------------------------------------------------------------- stage 1: SFT
 
 
@@ -53,7 +62,7 @@ SFT_ARGUMENTS = (SFTScriptArguments, ParallelSFTConfig, ModelConfig)
 
 def sft_parser() -> TrlParser:
     """The parser of `scripts/sft.py`: (SFTScriptArguments, ParallelSFTConfig, ModelConfig)."""
-    return TrlParser(SFT_ARGUMENTS)
+    return recipe_parser(SFT_ARGUMENTS)
 
 
 # --------------------------------------------------------------------------- stage 2: RL
@@ -98,7 +107,7 @@ GRPO_ARGUMENTS = (GRPOScriptArguments, ParallelGRPOConfig, ModelConfig)
 
 def grpo_parser() -> TrlParser:
     """The parser of `scripts/grpo.py`: (GRPOScriptArguments, ParallelGRPOConfig, ModelConfig)."""
-    return TrlParser(GRPO_ARGUMENTS)
+    return recipe_parser(GRPO_ARGUMENTS)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -108,7 +117,7 @@ EVAL_ARGUMENTS = (EvaluationConfig, ModelConfig)
 
 def eval_parser() -> TrlParser:
     """The parser of `scripts/evaluate.py`: (EvaluationConfig, ModelConfig)."""
-    return TrlParser(EVAL_ARGUMENTS)
+    return recipe_parser(EVAL_ARGUMENTS)
 
 
 # --------------------------------------------------------------------------- cold-start data
@@ -116,4 +125,4 @@ def eval_parser() -> TrlParser:
 
 def cold_start_parser() -> TrlParser:
     """The parser of `scripts/generate_cold_start.py`: (ColdStartConfig,)."""
-    return TrlParser((ColdStartConfig,))
+    return recipe_parser((ColdStartConfig,))

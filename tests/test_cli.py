@@ -105,3 +105,10 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
     rollouts = sampler.answer(["What is 2+2?", "x"])
     assert sampler.engine is None and all(0 < len(r.completion_ids) <= 16 for r in rollouts)
     assert json.loads((model / "parallel_r1.json").read_text())["prompt_template"] == "plain"
+
+
+@pytest.mark.parametrize("script", ["sft", "grpo", "evaluate", "generate_cold_start"])
+def test_help_lists_the_recipe_flag(script):
+    result = subprocess.run([sys.executable, f"scripts/{script}.py", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0 and "--config RECIPE.yaml" in result.stdout
