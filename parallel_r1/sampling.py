@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .data import build_prompt, prompt_ids
 from .format import TAGS
-from .rollout import ForkJoinEngine, Rollout, RolloutConfig, Sampling, Segment, TransformersBackend
+from .rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend, plain_rollouts
 
 CONFIG_KEY = "parallel_r1"
 SETTINGS_FILE = "parallel_r1.json"
@@ -40,12 +40,6 @@ class ParallelSettings:
     max_path_tokens: int = 3000
     max_summary_tokens: int = 3000
     max_completion_tokens: int = 3000
-
-    def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(mode=self.rollout_mode, attention=self.attention, num_paths=self.num_paths,
-                             max_blocks=self.max_blocks, max_path_tokens=self.max_path_tokens,
-                             max_summary_tokens=self.max_summary_tokens,
-                             max_completion_tokens=self.max_completion_tokens)  # fmt: skip
 
 
 def record_settings(model, settings: ParallelSettings) -> None:
@@ -88,22 +82,23 @@ class ParallelSampler:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from .cli import check_model_path
-        from .tokens import tag_vocab
+        from .tokens import eos_ids, tag_vocab
 
         check_model_path(model_path)
         self.settings = read_settings(model_path, **overrides)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = {*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id} - {None}
+        self.eos_ids = eos_ids(self.tokenizer, self.model.generation_config)
         self.backend = TransformersBackend(self.model, Sampling(temperature=temperature, seed=seed),
                                            pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
-        self.eos_ids, self.engine = frozenset(eos_ids), None
+        self.engine = None
         if self.settings.rollout_mode != "plain":
             newline = self.tokenizer.encode("\n", add_special_tokens=False)
-            vocab = tag_vocab(self.tokenizer)
-            self.engine = ForkJoinEngine(self.backend, vocab, sorted(eos_ids), newline, self.settings.rollout_config())
+            config = RolloutConfig.from_settings(self.settings)
+            self.engine = ForkJoinEngine(
+                self.backend, tag_vocab(self.tokenizer), sorted(self.eos_ids), newline, config
+            )
 
     def answer(self, problems: list[str]) -> list:
         """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""
@@ -113,12 +108,7 @@ class ParallelSampler:
         with torch.no_grad():
             if self.engine is not None:
                 return self.engine.generate(prompts)
-            cap = self.settings.max_completion_tokens
-            segments = [Segment(s, max_new=cap, end_ids=self.eos_ids) for s in self.backend.start(prompts)]
-            return [
-                Rollout(prompt, d.tokens, finish="eos" if d.finish == "end" else "length")
-                for prompt, d in zip(prompts, self.backend.decode(segments))
-            ]
+            return plain_rollouts(self.backend, prompts, self.settings.max_completion_tokens, self.eos_ids)
 
     def text(self, rollout, color: bool = False) -> str:
         """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""

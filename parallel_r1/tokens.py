@@ -101,3 +101,11 @@ def _distinct_embeddings(model):
     if out is None or out.weight.data_ptr() == inp.weight.data_ptr():
         return [inp]
     return [inp, out]
+
+
+def eos_ids(tokenizer, generation_config=None) -> frozenset:
+    """The ids that end a completion: the tokenizer's EOS and those of the model's generation config (one id or a
+    list), when it has one."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    listed = eos if isinstance(eos, (list, tuple)) else [eos]
+    return frozenset({tokenizer.eos_token_id, *listed} - {None})

@@ -58,9 +58,9 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
     if config.backend != "openai":  # a server's model name is its own
         check_model_path(config.model_name_or_path, "teacher")
     tokenizer = student_tokenizer(config.student_tokenizer)
-    has_records = bool(read_lines(folder / SAMPLES))
-    check_settings(folder, config.generation_settings(), "a cold-start generation", has_records)
-    failed = ask_teacher(config, questions, folder / SAMPLES, tokenizer)
+    done = {(r["question_id"], r["sample"]) for r in read_lines(folder / SAMPLES)}
+    check_settings(folder, config.generation_settings(), "a cold-start generation", has_records=bool(done))
+    failed = ask_teacher(config, questions, folder / SAMPLES, tokenizer, done)
     answers = {(r["question_id"], r["sample"]): r for r in reversed(read_lines(folder / SAMPLES))}
     keys = [(q, s) for q in questions for s in range(config.num_samples)]
     report = write_outputs(config, [answers[k] for k in keys if k in answers], len(questions), tokenizer)
@@ -72,9 +72,9 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
     return report
 
 
-def ask_teacher(config: ColdStartConfig, questions: dict, path: Path, tokenizer) -> list[str]:
-    """Append to `path` the answers it lacks, one line each as they come; returns the requests that failed."""
-    done = {(r["question_id"], r["sample"]) for r in read_lines(path)}
+def ask_teacher(config: ColdStartConfig, questions: dict, path: Path, tokenizer, done: set) -> list[str]:
+    """Append to `path` the answers it lacks (`done`: the keys it has), one line each as they come; returns the
+    requests that failed."""
     requests = [
         Request(q, s, build_prompt(row["problem"], config.prompt_template), sample_seed(config.seed, q, s))
         for q, row in questions.items()

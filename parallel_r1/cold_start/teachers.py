@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from itertools import groupby
 
+from ..tokens import eos_ids
 from .config import ColdStartConfig
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,7 @@ class TransformersTeacher:
             config.model_name_or_path, revision=config.model_revision, dtype=config.dtype
         ).to(device)
         self.model.eval()
-        eos = self.model.generation_config.eos_token_id
-        self.eos = {*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id} - {None}
+        self.eos = eos_ids(self.tokenizer, self.model.generation_config)
         if not self.eos:
             raise ValueError(f"{config.model_name_or_path} names no end-of-sequence token: it could not stop")
         pad = self.tokenizer.pad_token_id

@@ -24,9 +24,9 @@ from tqdm.auto import tqdm
 from ..cli import check_model_path
 from ..data import load_problems, prompt_ids
 from ..resume import check_settings
-from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, Segment, TransformersBackend
+from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.vllm_backend import VLLMBackend
-from ..tokens import has_parallel_tokens, tag_vocab
+from ..tokens import eos_ids, has_parallel_tokens, tag_vocab
 from . import records as rec
 from .config import EvaluationConfig
 from .metrics import summarize
@@ -116,20 +116,12 @@ class _Sampler:
     def __init__(self, config: EvaluationConfig, model_args, tokenizer, vocab, state):
         self.config, self.tokenizer, self.vocab = config, tokenizer, vocab
         path = model_args.model_name_or_path
-        self.eos = {tokenizer.eos_token_id} | _generation_eos(path, model_args.model_revision)
+        self.eos = eos_ids(tokenizer, _generation_config(path, model_args.model_revision))
         self.model = self.llm = self.client = None
         self.separator = tokenizer.encode("\n", add_special_tokens=False)
         self.rollout = None
         if config.rollout_mode != "plain":
-            self.rollout = RolloutConfig(
-                mode=config.rollout_mode,
-                attention=config.attention,
-                num_paths=config.num_paths,
-                max_blocks=config.max_blocks,
-                max_path_tokens=config.max_path_tokens,
-                max_summary_tokens=config.max_summary_tokens,
-                max_completion_tokens=config.max_completion_tokens,
-            )
+            self.rollout = RolloutConfig.from_settings(config)
         if config.backend != "transformers" and state.num_processes > 1:
             raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
         if config.backend == "transformers":
@@ -177,13 +169,12 @@ class _Sampler:
         cfg, backend = self.config, self._backend(seed)
         with torch.no_grad():
             if cfg.rollout_mode == "plain":
-                streams = backend.start(prompts)
-                segments = [
-                    Segment(s, max_new=cfg.max_completion_tokens, end_ids=frozenset(self.eos)) for s in streams
-                ]
-                return [(d.tokens, "eos" if d.finish == "end" else "length") for d in backend.decode(segments)]
-            engine = ForkJoinEngine(backend, self.vocab, self.eos, self.separator, self.rollout)
-            return [(r.completion_ids, r.finish) for r in engine.generate(prompts)]
+                rollouts = plain_rollouts(backend, prompts, cfg.max_completion_tokens, self.eos)
+            else:
+                rollouts = ForkJoinEngine(backend, self.vocab, self.eos, self.separator, self.rollout).generate(
+                    prompts
+                )
+            return [(r.completion_ids, r.finish) for r in rollouts]
 
 
 def _batch_seed(seed: int, benchmark: str, first: tuple) -> int:
@@ -191,17 +182,14 @@ def _batch_seed(seed: int, benchmark: str, first: tuple) -> int:
     return zlib.crc32(f"{seed}/{benchmark}/{first[0]}/{first[1]}".encode())
 
 
-def _generation_eos(path: str, revision: str | None) -> set:
-    """The end-of-sequence ids of the model's generation config (none if it has no such file)."""
+def _generation_config(path: str, revision: str | None):
+    """The model's generation config, or None if it has no such file."""
     from transformers import GenerationConfig
 
     try:
-        eos = GenerationConfig.from_pretrained(path, revision=revision).eos_token_id
+        return GenerationConfig.from_pretrained(path, revision=revision)
     except OSError:
-        return set()
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        return None
 
 
 def _check_settings(folder: Path, config: EvaluationConfig, model_args) -> None:

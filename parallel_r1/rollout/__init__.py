@@ -1,7 +1,7 @@
 """Fork-join rollouts: the engine and its decoding backends (transformers, vLLM)."""
 
 from .backend import Backend, Decoded, Sampling, Segment
-from .engine import ForkJoinEngine, Rollout, RolloutConfig
+from .engine import ForkJoinEngine, Rollout, RolloutConfig, plain_rollouts
 from .hf_backend import TransformersBackend
 
 __all__ = [
@@ -13,4 +13,5 @@ __all__ = [
     "Sampling",
     "Segment",
     "TransformersBackend",
+    "plain_rollouts",
 ]

@@ -67,6 +67,14 @@ class RolloutConfig:
         if self.max_blocks < 0:
             raise ValueError(f"max_blocks must be >= 0, got {self.max_blocks}")
 
+    @classmethod
+    def from_settings(cls, settings) -> RolloutConfig:
+        """From any settings object with these field names and `rollout_mode` (evaluation, sampling)."""
+        return cls(mode=settings.rollout_mode, attention=settings.attention, num_paths=settings.num_paths,
+                   max_blocks=settings.max_blocks, max_path_tokens=settings.max_path_tokens,
+                   max_summary_tokens=settings.max_summary_tokens,
+                   max_completion_tokens=settings.max_completion_tokens)  # fmt: skip
+
 
 @dataclass
 class Rollout:
@@ -209,3 +217,12 @@ class ForkJoinEngine:
         rollout.completion_ids += ids
         rollout.logprobs += [0.0] * len(ids)
         rollout.env_mask += [0] * len(ids)
+
+
+def plain_rollouts(backend: Backend, prompts: list[list[int]], max_new: int, eos_ids) -> list[Rollout]:
+    """One plain decode per prompt, no engine and no grammar (models without the tags, sequential baselines)."""
+    segments = [Segment(s, max_new=max_new, end_ids=frozenset(eos_ids)) for s in backend.start(prompts)]
+    return [
+        Rollout(list(prompt), list(d.tokens), finish="eos" if d.finish == "end" else "length")
+        for prompt, d in zip(prompts, backend.decode(segments))
+    ]
