@@ -52,10 +52,19 @@ def _corpus():
                     yield row[key]
 
 
-def build_tokenizer(vocab_size: int = 1024, with_tags: bool = True) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on the shipped data (about a second)."""
+def build_tokenizer(
+    vocab_size: int = 1024, with_tags: bool = True, corpus=None, split_digits: bool = False
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `corpus` (lines of text; default: the shipped data), about a second.
+
+    With `split_digits` every digit is a token of its own, as in Qwen's tokenizers (what arithmetic wants)."""
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -63,7 +72,7 @@ def build_tokenizer(vocab_size: int = 1024, with_tags: bool = True) -> PreTraine
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(), trainer=trainer)
+    bpe.train_from_iterator(_corpus() if corpus is None else corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token=EOS, pad_token=PAD, padding_side="left", model_max_length=4096
     )
@@ -73,15 +82,24 @@ def build_tokenizer(vocab_size: int = 1024, with_tags: bool = True) -> PreTraine
     return tokenizer
 
 
-def build_model(tokenizer, spare_rows: int = 16, tie_word_embeddings: bool = True, seed: int = 0) -> Qwen3ForCausalLM:
-    """A randomly initialised 2-layer Qwen3 whose embedding has `spare_rows` unused rows."""
+def build_model(
+    tokenizer,
+    spare_rows: int = 16,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 2,
+) -> Qwen3ForCausalLM:
+    """A randomly initialised Qwen3 (2 layers of width 64 by default) whose embedding has `spare_rows` unused rows;
+    heads are 32 wide, the MLP twice the width."""
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=len(tokenizer) + spare_rows,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
         num_key_value_heads=1,
         head_dim=32,
         max_position_embeddings=4096,
