@@ -101,7 +101,7 @@ def problem_text(cell) -> str:
     if text.startswith(DAPO_PREFIX):
         text = text[len(DAPO_PREFIX) :].strip()
         return text[: -len(DAPO_SUFFIX)].strip() if text.endswith(DAPO_SUFFIX) else text
-    for instruction in TEMPLATES.values():
+    for instruction in filter(None, TEMPLATES.values()):
         if text.startswith(instruction + PROMPT_MARKER):
             return text[len(instruction + PROMPT_MARKER) :].strip()
     if is_chat and PROBLEM_MARKER in cell:

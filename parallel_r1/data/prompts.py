@@ -4,6 +4,7 @@
   a block is `<Parallel>`, two or more independent `<Path>`s, `</Parallel>`, then straight away a
   `<Summary>` that merges them; blocks may repeat; the answer goes on a last `Final Answer:` line.
 - `plain` asks for the same reasoning and the same last line, with no tags (the sequential baseline).
+- `none` is the problem alone, for models trained on a task's own format (the demo's arithmetic).
 
 SFT, RL and evaluation all build their prompts here, so the model sees one prompt everywhere.
 """
@@ -35,7 +36,7 @@ _PLAIN = f"""Work through the problem below step by step.
 
 {_ENDING}"""
 
-TEMPLATES = {"parallel": _PARALLEL, "plain": _PLAIN}
+TEMPLATES = {"parallel": _PARALLEL, "plain": _PLAIN, "none": ""}
 
 
 def check_template(template: str) -> None:
@@ -45,11 +46,18 @@ def check_template(template: str) -> None:
 
 
 def build_prompt(problem: str, template: str = "parallel") -> list[dict]:
-    """One chat user turn: the template's instruction, a blank line, then the problem."""
+    """One chat user turn: the template's instruction, PROMPT_MARKER, then the problem (the problem alone for
+    `none`)."""
     check_template(template)
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"the problem must be a non-empty string, got {problem!r}")
-    return [{"role": "user", "content": f"{TEMPLATES[template]}{PROMPT_MARKER}{problem.strip()}"}]
+    instruction = TEMPLATES[template]
+    return [
+        {
+            "role": "user",
+            "content": f"{instruction}{PROMPT_MARKER}{problem.strip()}" if instruction else problem.strip(),
+        }
+    ]
 
 
 def prompt_ids(tokenizer, prompt: list) -> list:
