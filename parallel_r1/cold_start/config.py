@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..data import check_template
 
-BACKENDS = ("transformers", "vllm", "openai")
+BACKENDS = ("transformers", "vllm", "openai", "function")
 
 # What decides the teacher's samples: a restart in the same folder must have the same. The filters are applied
 # anew to every sample on each run, so they may change; so may the connection to a server and max_problems.
@@ -35,7 +35,9 @@ class ColdStartConfig:
     output_dir: str = field(
         metadata={"help": "Folder of samples.jsonl (every answer), train.parquet, report.md/json/png and run.json."}
     )
-    model_name_or_path: str = field(metadata={"help": "The teacher: a local folder or a Hub id."})
+    model_name_or_path: str = field(
+        metadata={"help": "The teacher: a local folder or a Hub id (backend function: package.module:function)."}
+    )
     model_revision: str | None = field(default=None, metadata={"help": "The teacher's Hub revision."})
     dtype: str = field(default="auto", metadata={"help": "Teacher weights dtype (transformers and vllm backends)."})
 
@@ -74,7 +76,8 @@ class ColdStartConfig:
         default="transformers",
         metadata={
             "help": "'transformers' (small runs, CPU or one GPU), 'vllm' (an offline vllm.LLM on this node's GPUs) "
-            "or 'openai' (any OpenAI-compatible server: vLLM, TGI, SGLang, a hosted API).",
+            "'openai' (any OpenAI-compatible server: vLLM, TGI, SGLang, a hosted API) or 'function' (a Python "
+            "function as the teacher, see teachers.FunctionTeacher).",
             "choices": list(BACKENDS),
         },
     )

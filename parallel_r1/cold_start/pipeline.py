@@ -55,7 +55,7 @@ def generate_cold_start(config: ColdStartConfig) -> dict:
         row["id"]: {"problem": problem_text(row["prompt"]), "reference": extract_reference(row["answer"])}
         for row in problems
     }
-    if config.backend != "openai":  # a server's model name is its own
+    if config.backend not in ("openai", "function"):  # a server's model name is its own
         check_model_path(config.model_name_or_path, "teacher")
     tokenizer = student_tokenizer(config.student_tokenizer)
     done = {(r["question_id"], r["sample"]) for r in read_lines(folder / SAMPLES)}

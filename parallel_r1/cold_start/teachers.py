@@ -1,5 +1,5 @@
 """Teachers: ask a model for answers to chat prompts, through transformers, an offline vLLM or an OpenAI-compatible
-server, and hand each answer back as soon as it is there.
+server (or ask a Python function: a programmatic teacher), and hand each answer back as soon as it is there.
 
 `make_teacher(config)` builds one; `teacher.ask(requests)` yields `(request, answer)` pairs, in any order, where an
 answer is an `Answer` or, for a request that failed for good (a server that kept refusing), the exception. Every
@@ -48,9 +48,37 @@ def sample_seed(seed: int, question_id: str, sample: int) -> int:
 
 
 def make_teacher(config: ColdStartConfig):
-    return {"transformers": TransformersTeacher, "vllm": VLLMTeacher, "openai": EndpointTeacher}[config.backend](
-        config
-    )
+    teachers = {
+        "transformers": TransformersTeacher,
+        "vllm": VLLMTeacher,
+        "openai": EndpointTeacher,
+        "function": FunctionTeacher,
+    }
+    return teachers[config.backend](config)
+
+
+class FunctionTeacher:
+    """A programmatic teacher: `model_name_or_path` names a function `package.module:name`, called as
+    `name(messages, seed)` for each request; it returns the answer's text (a task with a known solution, such as
+    the demo's)."""
+
+    def __init__(self, config: ColdStartConfig):
+        import importlib
+
+        module, _, name = config.model_name_or_path.partition(":")
+        try:
+            self.function = getattr(importlib.import_module(module), name) if name else None
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"backend 'function': cannot load {config.model_name_or_path!r}: {error}") from None
+        if not callable(self.function):
+            raise ValueError(
+                f"backend 'function' takes model_name_or_path as package.module:function, got "
+                f"{config.model_name_or_path!r}"
+            )
+
+    def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
+        for request in requests:
+            yield request, Answer(self.function(request.messages, request.seed), "stop", None)
 
 
 class TransformersTeacher:
