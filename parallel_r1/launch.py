@@ -56,16 +56,22 @@ def resume_target(value, output_dir: str) -> str | None:
 
 def train_and_save(trainer, training_args, dataset_name: str, settings: ParallelSettings) -> None:
     """Train (resuming if asked: `resume_target`), save to output_dir with the parallel `settings` recorded in the
-    model's config and in parallel_r1.json (`scripts/generate.py` reads them back), push if asked."""
+    model's config and in parallel_r1.json (`scripts/generate.py` reads them back), push if asked.
+
+    Next to the model go the run's records, as transformers' example scripts write them: trainer_state.json (every
+    logged metric by step: `scripts/plot.py --trainer_state` draws them), train_results.json and all_results.json."""
     resume = resume_target(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume:
         logger.info("Resuming from %s", resume)
     record_settings(trainer.accelerator.unwrap_model(trainer.model), settings)  # checkpoints carry them too
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        result = trainer.train(resume_from_checkpoint=resume)
     except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: keep the traceback
         raise RuntimeError(f"training stopped: {error}") from error
     trainer.save_model(training_args.output_dir)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
     if trainer.accelerator.is_main_process:
         write_settings(training_args.output_dir, settings)
     logger.info("Model saved to %s", training_args.output_dir)
