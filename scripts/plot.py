@@ -9,7 +9,12 @@ import argparse
 from pathlib import Path
 
 from parallel_r1.cli import run
-from parallel_r1.evaluation.plots import load_evaluations, plot_evaluations, plot_trainer_state
+from parallel_r1.evaluation.plots import (
+    load_evaluations,
+    over_training_steps,
+    plot_evaluations,
+    plot_trainer_state,
+)
 from parallel_r1.evaluation.report import markdown_table
 
 
@@ -26,7 +31,8 @@ def main(argv=None) -> None:
     if args.evaluations:
         runs = load_evaluations(args.evaluations)
         written += plot_evaluations(runs, output)
-        rows = [_with_step(results) for _, results, _ in runs]
+        steps = over_training_steps([results for _, results, _ in runs])
+        rows = [_with_step(results) if steps else results for _, results, _ in runs]
         table = markdown_table(rows)
         (output / "table.md").write_text(table + "\n")
         print(table)

@@ -13,6 +13,7 @@ from trl import ModelConfig
 
 from parallel_r1.evaluation import EvaluationConfig, markdown_table, summarize
 from parallel_r1.evaluation import records as rec
+from parallel_r1.evaluation.plots import load_evaluations, over_training_steps
 from parallel_r1.evaluation.runner import evaluate
 from parallel_r1.format import parse
 from parallel_r1.resume import AppendLog, read_lines
@@ -156,6 +157,29 @@ def test_reading_a_shard_leaves_a_line_being_written_alone(tmp_path):
     assert shard.read_bytes() == before  # another process may still be writing it
     rec.shard_writer(tmp_path, 0).close()  # its own writer cuts the unfinished line before appending
     assert shard.read_text().endswith("}\n") and len(read_lines(shard)) == 1
+
+
+def _evaluation_folder(root: Path, name: str, model: str, step) -> str:
+    folder = root / name
+    folder.mkdir()
+    results = {"label": name, "model": {"name_or_path": model, "step": step}, "benchmarks": {}}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "completions.jsonl").write_text("")
+    return str(folder)
+
+
+def test_evaluations_are_ordered_by_step_only_when_they_are_checkpoints_of_one_run(tmp_path):
+    run = [_evaluation_folder(tmp_path, f"c{s}", f"out/run/checkpoint-{s}", s) for s in (20, 10)]
+    run.append(_evaluation_folder(tmp_path, "final", "out/run", 30))
+    assert [(x, r["label"]) for x, r, _ in load_evaluations(run)] == [(10, "c10"), (20, "c20"), (30, "final")]
+    # separate runs (a base with no step, an SFT model at step 200, a GRPO model at step 120): the order given
+    models = [("base", "out/base", None), ("sft", "out/sft", 200), ("grpo", "out/grpo", 120)]
+    mixed = [_evaluation_folder(tmp_path, *model) for model in models]
+    assert [(x, r["label"]) for x, r, _ in load_evaluations(mixed)] == [(0, "base"), (1, "sft"), (2, "grpo")]
+    two_runs = [
+        _evaluation_folder(tmp_path, f"{n}-{s}", f"out/{n}/checkpoint-{s}", s) for n, s in [("a", 5), ("b", 1)]
+    ]
+    assert not over_training_steps([r for _, r, _ in load_evaluations(two_runs)])
 
 
 @pytest.mark.slow

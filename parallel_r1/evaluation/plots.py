@@ -1,16 +1,17 @@
 """Strategy-evolution plots (PNG): how accuracy, the parallel ratio, where blocks open and D/T move over training.
 
-Inputs: evaluation folders (one per checkpoint; the step is the checkpoint's, else the folder's rank in the
-list) and/or a trainer's `trainer_state.json` (its logged `parallel/*` metrics, reward and `eval/*/mean@k`).
+Inputs: evaluation folders and/or a trainer's `trainer_state.json` (its logged `parallel/*` metrics, reward and `eval/*/mean@k`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..resume import read_lines
 
+CHECKPOINT = re.compile(r"checkpoint-\d+/?$")
 TRAINING_KEYS = {
     "parallel/ratio": "parallel ratio",
     "reward": "reward",
@@ -29,16 +30,28 @@ def _pyplot():
 
 
 def load_evaluations(folders: list) -> list:
-    """(step, results, completion records) per folder, by step."""
+    """(x, results, completion records) per folder. When every folder evaluated a checkpoint of one training run
+    (`run/checkpoint-N` or `run` itself, each with a known step), x is the step and the folders are sorted by it;
+    otherwise (say base, SFT and GRPO models) x is the folder's rank in the order given."""
     loaded = []
-    for rank, folder in enumerate(map(Path, folders)):
+    for folder in map(Path, folders):
         results_file = folder / "results.json"
         if not results_file.exists():
             raise FileNotFoundError(f"{folder} has no results.json: run scripts/evaluate.py into it first")
-        results = json.loads(results_file.read_text())
-        step = results["model"].get("step")
-        loaded.append((rank if step is None else step, results, read_lines(folder / "completions.jsonl")))
-    return sorted(loaded, key=lambda item: item[0])
+        loaded.append((json.loads(results_file.read_text()), read_lines(folder / "completions.jsonl")))
+    if over_training_steps([results for results, _ in loaded]):
+        return sorted(((r["model"]["step"], r, records) for r, records in loaded), key=lambda item: item[0])
+    return [(rank, results, records) for rank, (results, records) in enumerate(loaded)]
+
+
+def over_training_steps(results: list) -> bool:
+    """Whether these evaluations are of checkpoints of one run, each with its step."""
+    models = [r["model"] for r in results]
+    runs = {
+        Path(m["name_or_path"]).parent if CHECKPOINT.search(m["name_or_path"]) else Path(m["name_or_path"])
+        for m in models
+    }
+    return len(runs) == 1 and all(m.get("step") is not None for m in models)
 
 
 def plot_evaluations(runs: list, output_dir: Path) -> list:
@@ -53,8 +66,9 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
     ]
     if not names:
         raise ValueError("the evaluation folders share no benchmark (with the same number of samples) to plot")
-    known = all(results["model"].get("step") is not None for _, results, _ in runs)
-    x_label = "training step" if known else "evaluation folder (in the order given)"
+    known = over_training_steps([results for _, results, _ in runs])
+    x_label = "training step" if known else "model"
+    ticks = {x: str(x) if known else results["label"] for x, results, _ in runs}
     written = []
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
@@ -66,6 +80,7 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
         bottom.plot(steps, [100 * r["benchmarks"][name]["parallel_ratio"] for _, r, _ in runs], marker="o", label=name)
     top.set(ylabel="accuracy (%)", title="Accuracy and parallel ratio over training")
     bottom.set(xlabel=x_label, ylabel="parallel ratio (%)")
+    bottom.set_xticks(steps, [ticks[x] for x in steps])
     for axis in (top, bottom):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
@@ -75,7 +90,7 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
     positions = [[p for record in records for p in record["block_positions"]] for _, _, records in runs]
     shown = [(step, values) for step, values in zip(steps, positions) if values]
     if shown:
-        axis.boxplot([values for _, values in shown], tick_labels=[str(step) for step, _ in shown])
+        axis.boxplot([values for _, values in shown], tick_labels=[ticks[x] for x, _ in shown])
     axis.set(
         xlabel=x_label,
         ylabel="relative position of <Parallel> (0 = start, 1 = end)",
@@ -88,6 +103,7 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
     fig, axis = plt.subplots(figsize=(8, 4.5))
     for name in names:
         axis.plot(steps, [r["benchmarks"][name]["critical_over_total"] for _, r, _ in runs], marker="o", label=name)
+    axis.set_xticks(steps, [ticks[x] for x in steps])
     axis.set(xlabel=x_label, ylabel="D / T", title="Critical path over total tokens (1 = no saving)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
