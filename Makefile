@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test lint format demo bench clean
+.PHONY: install test lint format demo demo-ablation bench clean
 DEMO_ENV := OMP_NUM_THREADS=2 TRL_EXPERIMENTAL_SILENCE=1
 
 $(STAMP): setup.py
@@ -33,15 +33,15 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The main job on the tiny default: build the model, SFT it (Unseen), GRPO with fork-join rollouts, then evaluate
-# the SFT and GRPO models with the harness (tables in outputs/tiny-eval-*/table.md). CPU, ~5 min.
+# The main job on the embedded default: the whole method in miniature on the demo task (scripts/demo.py): pretrain a
+# 0.6M-parameter base, add the tags, cold-start traces, SFT (Unseen), GRPO with fork-join rollouts, then evaluate
+# base, SFT and GRPO on held-out problems (outputs/demo/results/: table.md and plots). 2 CPU cores, ~10 min.
 demo: install
-	$(PY) -m parallel_r1.tiny outputs/tiny-qwen3
-	$(DEMO_ENV) $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml scripts/sft.py --config recipes/tiny/sft.yaml
-	$(DEMO_ENV) $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml scripts/grpo.py --config recipes/tiny/grpo.yaml
-	rm -rf outputs/tiny-eval-sft outputs/tiny-eval-grpo
-	$(DEMO_ENV) $(PY) scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path outputs/tiny-sft --label tiny-sft --output_dir outputs/tiny-eval-sft
-	$(DEMO_ENV) $(PY) scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path outputs/tiny-grpo --label tiny-grpo --output_dir outputs/tiny-eval-grpo
+	$(DEMO_ENV) $(PY) scripts/demo.py
+
+# Three GRPO runs from the demo's SFT model (accuracy-only, tiered, alternating): outputs/demo/ablation/table.md
+demo-ablation: install
+	$(DEMO_ENV) $(PY) scripts/demo.py --ablation
 
 # Speed comparisons (results in benchmarks/results/)
 bench: install
