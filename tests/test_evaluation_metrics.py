@@ -108,6 +108,10 @@ def test_summary_and_table():
     table = markdown_table([{"label": "tiny", **summary}])
     assert "| tiny | 50.0 | 25.0 / 100.0 | 25.0 | 25.0 |" in table  # mean@4 / pass@4, then mean@1
     assert "aime24 (mean@4 / pass@4)" in table and "math500 (mean@1)" in table
+    local = markdown_table(
+        [{"label": "tiny", **summarize([{**r, "benchmark": "/data/x/test.jsonl"} for r in rows[:8]])}]
+    )
+    assert "| test.jsonl (mean@4 / pass@4) |" in local and "| tiny | test.jsonl |" in local  # a file by its name
 
 
 def test_parallel_ratio_and_critical_path_of_hand_written_completions(tiny_tokenizer):

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+LOCAL_FILES = (".jsonl", ".json", ".parquet")
+
 
 def _percent(value: float) -> str:
     return f"{100 * value:.1f}"
+
+
+def _shown(benchmark: str) -> str:
+    """A benchmark's name in a table: a local file by its file name, anything else as given."""
+    return Path(benchmark).name if benchmark.endswith(LOCAL_FILES) else benchmark
 
 
 def _accuracy(metrics: dict) -> str:
@@ -21,7 +30,7 @@ def markdown_table(results: list) -> str:
     first = results[0]["benchmarks"]
     header = ["Model", "Parallel %"]
     header += [
-        f"{name} (mean@{m['samples']}" + (f" / pass@{m['samples']})" if m["samples"] > 1 else ")")
+        f"{_shown(name)} (mean@{m['samples']}" + (f" / pass@{m['samples']})" if m["samples"] > 1 else ")")
         for name, m in first.items()
     ]
     header.append("Avg of means")
@@ -54,7 +63,7 @@ def shape_table(results: list) -> str:
         for name, m in result["benchmarks"].items():
             cells = [
                 result["label"],
-                name,
+                _shown(name),
                 _percent(m[f"cons@{m['samples']}"]),
                 _percent(m["parallel_ratio"]),
                 _percent(m["format_valid"]),
