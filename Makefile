@@ -48,6 +48,7 @@ bench: install
 	$(PY) benchmarks/bench_rewards.py
 	$(PY) benchmarks/bench_rollout.py
 	$(PY) benchmarks/bench_structures.py
+	$(PY) benchmarks/bench_trainer.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
