@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from ..resume import read_lines
+from .report import shown_name
 
 CHECKPOINT = re.compile(r"checkpoint-\d+/?$")
 TRAINING_KEYS = {
@@ -75,10 +76,18 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
     for name in names:
         k = runs[0][1]["benchmarks"][name]["samples"]
         top.plot(
-            steps, [100 * r["benchmarks"][name][f"mean@{k}"] for _, r, _ in runs], marker="o", label=f"{name} mean@{k}"
+            steps,
+            [100 * r["benchmarks"][name][f"mean@{k}"] for _, r, _ in runs],
+            marker="o",
+            label=f"{shown_name(name)} mean@{k}",
         )
-        bottom.plot(steps, [100 * r["benchmarks"][name]["parallel_ratio"] for _, r, _ in runs], marker="o", label=name)
-    top.set(ylabel="accuracy (%)", title="Accuracy and parallel ratio over training")
+        bottom.plot(
+            steps,
+            [100 * r["benchmarks"][name]["parallel_ratio"] for _, r, _ in runs],
+            marker="o",
+            label=shown_name(name),
+        )
+    top.set(ylabel="accuracy (%)", title="Accuracy and parallel ratio " + ("over training" if known else "per model"))
     bottom.set(xlabel=x_label, ylabel="parallel ratio (%)")
     bottom.set_xticks(steps, [ticks[x] for x in steps])
     for axis in (top, bottom):
@@ -102,7 +111,12 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
 
     fig, axis = plt.subplots(figsize=(8, 4.5))
     for name in names:
-        axis.plot(steps, [r["benchmarks"][name]["critical_over_total"] for _, r, _ in runs], marker="o", label=name)
+        axis.plot(
+            steps,
+            [r["benchmarks"][name]["critical_over_total"] for _, r, _ in runs],
+            marker="o",
+            label=shown_name(name),
+        )
     axis.set_xticks(steps, [ticks[x] for x in steps])
     axis.set(xlabel=x_label, ylabel="D / T", title="Critical path over total tokens (1 = no saving)")
     axis.grid(alpha=0.3)

@@ -11,7 +11,7 @@ def _percent(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
-def _shown(benchmark: str) -> str:
+def shown_name(benchmark: str) -> str:
     """A benchmark's name in a table: a local file by its file name, anything else as given."""
     return Path(benchmark).name if benchmark.endswith(LOCAL_FILES) else benchmark
 
@@ -30,7 +30,7 @@ def markdown_table(results: list) -> str:
     first = results[0]["benchmarks"]
     header = ["Model", "Parallel %"]
     header += [
-        f"{_shown(name)} (mean@{m['samples']}" + (f" / pass@{m['samples']})" if m["samples"] > 1 else ")")
+        f"{shown_name(name)} (mean@{m['samples']}" + (f" / pass@{m['samples']})" if m["samples"] > 1 else ")")
         for name, m in first.items()
     ]
     header.append("Avg of means")
@@ -63,7 +63,7 @@ def shape_table(results: list) -> str:
         for name, m in result["benchmarks"].items():
             cells = [
                 result["label"],
-                _shown(name),
+                shown_name(name),
                 _percent(m[f"cons@{m['samples']}"]),
                 _percent(m["parallel_ratio"]),
                 _percent(m["format_valid"]),
