@@ -109,14 +109,21 @@ def extract_answer(completion: str) -> str | None:
 
 
 def extract_reference(answer) -> str:
-    """The gold answer of a dataset cell: after the last `####` (GSM8K, thousands commas dropped), the content
-    of a cell that is one `\\boxed{}`, or the cell itself. Numbers become strings. Idempotent."""
+    """The gold answer of a dataset cell: the content of a cell that is one `\\boxed{}`, what follows the last
+    `####` (GSM8K, thousands commas dropped), or the cell itself, unwrapped until nothing changes (so `#### \\boxed{5}`
+    and `\\boxed{\\boxed{5}}` are `5`). Numbers become strings. Idempotent."""
     text = "" if answer is None else str(answer).strip()
-    if _GSM8K_MARK in text:
-        return text.rsplit(_GSM8K_MARK, 1)[1].strip().replace(",", "")
+    while (inner := _unwrap_reference(text)) != text:  # each step shortens the text
+        text = inner
+    return text
+
+
+def _unwrap_reference(text: str) -> str:
     box = _BOX.match(text)
     if box and _brace_pairs(text).get(box.end() - 1) == len(text) - 1:
         return text[box.end() : -1].strip()
+    if _GSM8K_MARK in text:
+        return text.rsplit(_GSM8K_MARK, 1)[1].strip().replace(",", "")
     return text
 
 
