@@ -192,7 +192,6 @@ class _Parser:
     def __init__(self, is_ids: bool, blank):
         self.is_ids = is_ids
         self.blank = blank
-        self.empty: Content = () if is_ids else ""
         self.nodes: list = []
         self.errors: list = []
         self.pos = 0
@@ -200,6 +199,11 @@ class _Parser:
         self.block: Block | None = None
         self.after_summary = False  # only whitespace since the last closed summary
         self.run_start = 0  # where the current run of non-tag units began
+
+    def new(self) -> Content | list:
+        """Empty content. An id parse grows lists, one token at a time (a tuple would be copied at each), and
+        freezes them into tuples when it finishes."""
+        return [] if self.is_ids else ""
 
     def error(self, code: str, at: int, message: str) -> None:
         """Record a broken rule, once per run of units between two tags (a text parse reads such a run as one
@@ -230,7 +234,7 @@ class _Parser:
     def in_main(self, unit, tag) -> None:
         if tag == PARALLEL_OPEN:
             end = self.pos + len(unit)
-            self.block = Block(start=self.pos, end=end, opener_end=end, tail=self.empty, separator=self.empty)
+            self.block = Block(start=self.pos, end=end, opener_end=end, tail=self.new(), separator=self.new())
             self.nodes.append(self.block)
             self.state = "block"
             self.after_summary = False
@@ -247,9 +251,9 @@ class _Parser:
             self.after_summary = False
         last = self.nodes[-1] if self.nodes else None
         if isinstance(last, Text) and last.end == self.pos:
-            last.content = last.content + unit
+            last.content += unit
         else:
-            self.nodes.append(Text(unit, self.pos))
+            self.nodes.append(Text(list(unit) if self.is_ids else unit, self.pos))
 
     # -- inside <Parallel>, between paths
     def in_block(self, unit, tag) -> None:
@@ -257,9 +261,9 @@ class _Parser:
         if tag == PATH_OPEN:
             start = self.pos - len(block.tail)
             block.paths.append(
-                Path(lead=block.tail, body=self.empty, closed=False, start=start, open_at=self.pos, end=0)
+                Path(lead=block.tail, body=self.new(), closed=False, start=start, open_at=self.pos, end=0)
             )
-            block.tail = self.empty
+            block.tail = self.new()
             self.state = "path"
         elif tag == PARALLEL_CLOSE:
             block.closed, block.close_at = True, self.pos
@@ -277,7 +281,7 @@ class _Parser:
                 self.error("tag_between_paths", self.pos, f"{tag} between the paths of a block")
             elif not self.blank(unit):
                 self.error("text_between_paths", self.pos, "text between the paths of a block, outside any path")
-            block.tail = block.tail + unit
+            block.tail += unit
         self.extend_block(unit)
 
     # -- inside <Path>
@@ -290,7 +294,7 @@ class _Parser:
         elif tag is not None:
             self.error("tag_in_path", self.pos, f"{tag} inside a path")
         if tag != PATH_CLOSE:
-            path.body = path.body + unit
+            path.body += unit
         self.extend_block(unit)
         if path.closed:
             self.state = "block"
@@ -298,10 +302,10 @@ class _Parser:
     # -- after </Parallel>, waiting for <Summary>
     def in_after_block(self, unit, tag) -> None:
         if tag == SUMMARY_OPEN:
-            self.block.summary = self.empty
+            self.block.summary = self.new()
             self.state = "summary"
         elif tag is None and self.blank(unit):
-            self.block.separator = self.block.separator + unit
+            self.block.separator += unit
         else:
             self.error("missing_summary", self.pos, "a block is not followed by a <Summary>")
             self.state = "main"
@@ -318,7 +322,7 @@ class _Parser:
         else:
             if tag is not None:
                 self.error("tag_in_summary", self.pos, f"{tag} inside a summary")
-            self.block.summary = self.block.summary + unit
+            self.block.summary += unit
         self.extend_block(unit)
 
     def finish(self) -> None:
@@ -332,6 +336,20 @@ class _Parser:
         elif self.state == "summary":
             self.error("unclosed_summary", self.pos, "a <Summary> is never closed")
         self.errors.sort(key=lambda e: e.at)
+        if self.is_ids:
+            self.freeze()
+
+    def freeze(self) -> None:
+        """The id parse's lists as tuples."""
+        for node in self.nodes:
+            if isinstance(node, Text):
+                node.content = tuple(node.content)
+                continue
+            node.tail, node.separator = tuple(node.tail), tuple(node.separator)
+            if node.summary is not None:
+                node.summary = tuple(node.summary)
+            for path in node.paths:
+                path.lead, path.body = tuple(path.lead), tuple(path.body)
 
 
 # --------------------------------------------------------------------------- serializing
