@@ -49,6 +49,7 @@ bench: install
 	$(PY) benchmarks/bench_rollout.py
 	$(PY) benchmarks/bench_structures.py
 	$(PY) benchmarks/bench_trainer.py
+	$(PY) -m parallel_r1.drills.fuzz --n 100000 --seed 0 --out benchmarks/results/fuzz.md
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
