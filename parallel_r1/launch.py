@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
 
 from .cli import check_model_path
 from .sampling import ParallelSettings, record_settings, write_settings
@@ -40,18 +40,37 @@ def load_model(model_args, training_args):
 
 
 def resume_target(value, output_dir: str) -> str | None:
-    """The checkpoint `--resume_from_checkpoint` names: a folder, or with `true` (or `last`) the newest
-    `checkpoint-*` of `output_dir`; None for nothing or `false`. A folder that is not there is an error."""
+    """The checkpoint `--resume_from_checkpoint` names: a folder, or with `true` (or `last`) the newest complete
+    `checkpoint-*` of `output_dir` (one with its trainer_state.json, which the trainer writes last: a run killed
+    while saving leaves a newer folder without it); None for nothing or `false`. A folder that is not there is an
+    error."""
     if value is None or str(value).lower() in ("", "false", "no", "0", "none"):
         return None
     if str(value).lower() in ("true", "yes", "1", "last"):
-        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+        last = _last_complete_checkpoint(Path(output_dir))
         if last is None:
-            raise FileNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint-* folder in {output_dir}")
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint {value}: no complete checkpoint-* folder in {output_dir}"
+            )
         return last
     if not Path(value).is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {value}: no such checkpoint folder")
     return str(value)
+
+
+def _last_complete_checkpoint(output_dir: Path) -> str | None:
+    steps = [
+        int(m.group(1)) for d in output_dir.glob("checkpoint-*") if (m := re.fullmatch(r"checkpoint-(\d+)", d.name))
+    ]
+    torn = []
+    for step in sorted(steps, reverse=True):
+        folder = output_dir / f"checkpoint-{step}"
+        if (folder / "trainer_state.json").is_file():
+            if torn:
+                logger.warning("Skipping %s: no trainer_state.json (a save cut short)", ", ".join(torn))
+            return str(folder)
+        torn.append(folder.name)
+    return None
 
 
 def train_and_save(trainer, training_args, dataset_name: str, settings: ParallelSettings) -> None:

@@ -1,11 +1,13 @@
 """User-facing edges of the scripts: resuming, a missing model folder, one-line errors."""
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from parallel_r1.cli import check_model_path
 from parallel_r1.launch import resume_target
@@ -13,16 +15,22 @@ from parallel_r1.launch import resume_target
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_resume_true_takes_the_newest_checkpoint(tmp_path):
-    for step in (2, 10, 4):
+def test_resume_true_takes_the_newest_complete_checkpoint(tmp_path, caplog):
+    for step in (2, 10, 4, 12):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        if step != 12:  # checkpoint-12: a save cut short, the weights written but not the trainer state
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-x").mkdir()
     assert resume_target("true", str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert "Skipping checkpoint-12" in caplog.text
     assert resume_target("last", str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert resume_target(str(tmp_path / "checkpoint-2"), str(tmp_path)) == str(tmp_path / "checkpoint-2")
     assert resume_target(None, str(tmp_path)) is None and resume_target("false", str(tmp_path)) is None
 
 
-@pytest.mark.parametrize("value, message", [("true", "no checkpoint-\\* folder in"), ("nope", "no such checkpoint")])
+@pytest.mark.parametrize(
+    "value, message", [("true", "no complete checkpoint-\\* folder in"), ("nope", "no such checkpoint")]
+)
 def test_resume_with_nothing_to_resume_is_refused(tmp_path, value, message):
     with pytest.raises(FileNotFoundError, match=message):
         resume_target(value, str(tmp_path / "empty"))
@@ -112,3 +120,14 @@ def test_help_lists_the_recipe_flag(script):
     result = subprocess.run([sys.executable, f"scripts/{script}.py", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0 and "--config RECIPE.yaml" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: make gpu-check runs for real")
+def test_gpu_check_says_in_one_line_that_it_needs_a_gpu():
+    env = {**os.environ, "GPU_CHECK_INSTALL": "0", "PYTHON": sys.executable}
+    result = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        == f"error: no CUDA device is visible to torch {torch.__version__}; make gpu-check needs one"
+    )
