@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test lint format demo demo-ablation bench clean
+.PHONY: install test lint format demo demo-ablation bench gpu-check clean
 DEMO_ENV := OMP_NUM_THREADS=2 TRL_EXPERIMENTAL_SILENCE=1
 
 $(STAMP): setup.py
@@ -49,7 +49,13 @@ bench: install
 	$(PY) benchmarks/bench_rollout.py
 	$(PY) benchmarks/bench_structures.py
 	$(PY) benchmarks/bench_trainer.py
+	$(PY) benchmarks/bench_evaluation.py
 	$(PY) -m parallel_r1.drills.fuzz --n 100000 --seed 0 --out benchmarks/results/fuzz.md
+
+# On a CUDA machine: installs from the wheels in wheels/ when there is no package index, then the tests marked gpu
+# and the GPU benchmarks (results in benchmarks/results/gpu-*.md); see scripts/gpu_check.sh
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

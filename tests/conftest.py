@@ -20,7 +20,14 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def pytest_collection_modifyitems(config, items):
-    """vLLM tests skip where vLLM is missing, but in CI a missing vLLM is a failure."""
+    """Tests marked gpu skip without a CUDA device. vLLM tests skip where vLLM is missing, but in CI a missing
+    vLLM is a failure."""
+    import torch
+
+    if os.environ.get("GPU_CHECK_DEVICE", "cuda") == "cuda" and not torch.cuda.is_available():
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device (make gpu-check)"))
     if IN_CI or importlib.util.find_spec("vllm") is not None:
         return  # in CI they run, and fail on the import if vLLM is missing
     for item in items:

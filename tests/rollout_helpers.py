@@ -34,7 +34,7 @@ def trainer_logprobs(setup, rollout, isolated, max_blocks=4, grammar=True, tree=
     """The log-probs the trainer computes from the ids alone, with the trainer's own forward: structure and
     grammar (for this `max_blocks`) recomputed from the ids. `grammar=False`: the raw model distribution."""
     _, model, tokenizer, vocab = setup
-    ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])
+    ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids], device=model.device)
     start = len(rollout.prompt_ids)
     forward = IsolatedForward(model, vocab, start) if isolated else model
     if tree:
@@ -45,4 +45,4 @@ def trainer_logprobs(setup, rollout, isolated, max_blocks=4, grammar=True, tree=
             return GrammarForward(forward, rule, start, temperature=1.0)(ids, torch.ones_like(ids)).log_probs[0]
         logits = forward(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
     logprobs = torch.log_softmax(logits[start - 1 : -1], -1)
-    return logprobs.gather(-1, torch.tensor(rollout.completion_ids)[:, None]).squeeze(-1)
+    return logprobs.gather(-1, torch.tensor(rollout.completion_ids, device=model.device)[:, None]).squeeze(-1)
