@@ -46,8 +46,8 @@ timeout 240 "$PYTHON" benchmarks/bench_rollout.py --device cuda --dtype bfloat16
     --out "$RESULTS/gpu-rollout.md"
 
 echo "== training-forward memory at 4096 tokens, Qwen3-4B shape, bf16"
-timeout 180 "$PYTHON" benchmarks/bench_structures.py --device cuda --shape qwen3-4b --dtype bfloat16 \
-    --lengths 4096 --batch 1 --skip-vllm --out "$RESULTS/gpu-structures.md"
+timeout 300 "$PYTHON" benchmarks/bench_structures.py --device cuda --shape qwen3-4b --dtype bfloat16 \
+    --lengths 4096 --batch 1 --flex --skip-vllm --out "$RESULTS/gpu-structures.md"
 
 echo "== results: $RESULTS/gpu-tests.txt, $RESULTS/gpu-rollout.md, $RESULTS/gpu-structures.md"
 exit "$tests"
