@@ -12,11 +12,12 @@ The tree comes from `format.parse`, which reads ids with the same state machine 
 engine, so a cut completion gets the structure it was sampled with (an unclosed last path is
 still a path). The prompt is never parsed: its tags (the instruction names them) are plain text.
 
-The mask is a boolean [B, 1, L, L] tensor (True = may attend), which transformers passes through
-unchanged to SDPA. It costs L*L bytes per row, a quarter of a float32 mask; at long L (several
-thousand tokens) a flex-attention `BlockMask` built from the same `path_of`/`block_of` arrays would
-skip the masked tiles and keep fused kernels, which is where it would pay. Padding rows and columns
-are masked, except that every token sees itself, so no row of the softmax is empty (no NaN).
+The mask is built as a boolean [B, 1, L, L] tensor (True = may attend) and handed to the model as an additive one
+in the model's dtype (0 or the dtype's lowest value), which transformers passes through unchanged to SDPA. SDPA
+turns a boolean mask into an additive one inside every layer and keeps that copy for the backward, one per layer;
+built once, it is shared (benchmarks/results/structures.md). A flex-attention `BlockMask` from the same
+`path_of`/`block_of` arrays would skip the masked tiles; on CPU it has no backward (same file). Padding rows and
+columns are masked, except that every token sees itself, so no row of the softmax is empty (no NaN).
 """
 
 from __future__ import annotations
@@ -127,11 +128,18 @@ class IsolatedForward:
 
     def __call__(self, input_ids, attention_mask, **kwargs):
         structure = isolated_inputs(input_ids, attention_mask, self.completion_start, self.vocab)
+        structure["attention_mask"] = additive(structure["attention_mask"], self.model)
         return self.model(**{**kwargs, "input_ids": input_ids, **structure})  # the structure wins over given positions
 
 
+def additive(mask: torch.Tensor, model) -> torch.Tensor:
+    """A boolean mask as the additive mask SDPA would make of it, in the model's dtype, made once for all layers."""
+    dtype = getattr(model, "module", model).dtype  # through DDP / DeepSpeed wrappers
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
 def check_attention_implementation(model) -> None:
-    """The structured masks are boolean tensors: SDPA reads them as such (eager attention would add them)."""
+    """The structured masks are 4-D tensors that transformers hands to SDPA unchanged."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
@@ -258,7 +266,7 @@ class TreeForward:
         handle = head.register_forward_pre_hook(pick)
         try:
             kwargs.update(use_cache=False, logits_to_keep=0)
-            mask = tree_mask(rows, width, device)
+            mask = additive(tree_mask(rows, width, device), self.model)
             out = self.model(input_ids=ext_ids, attention_mask=mask, position_ids=positions, **kwargs)
         finally:
             handle.remove()
