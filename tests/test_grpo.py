@@ -3,14 +3,17 @@ the isolated forward is the structure's, metrics are logged, resumes continue th
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from parallel_r1.data import build_prompt
 from parallel_r1.format import TAGS, parse
@@ -270,6 +273,49 @@ def test_resume_continues_the_step_and_the_reward_schedule(tmp_path, tag_prone_d
     assert before == [0.0, 1.0] and after == [0.0, 1.0]  # steps 3 and 4 continue the 1-2 pattern
 
 
+class _StopAt(TrainerCallback):
+    """Ends training after `step` (its checkpoint saved): the in-process stand-in for a kill."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_a_resumed_run_samples_and_trains_as_the_unbroken_run(tmp_path, tag_prone_dir, dataset):
+    """Stopped after checkpoint 2 and resumed, a run draws the same completions, gets the same rewards and ends
+    with the same weights as the unbroken run: the engine's random stream is in the checkpoint."""
+
+    def run(name, stop=None, resume=None):
+        drawn = []
+
+        def recording_reward(completions, completion_ids, **kwargs):
+            drawn.append([list(ids) for ids in completion_ids])
+            return length_reward(completions)
+
+        args = config(tmp_path / name, max_steps=4, save_strategy="steps", save_steps=1)
+        trainer = trainer_for(tag_prone_dir, args, dataset, [recording_reward])
+        if stop:
+            trainer.add_callback(_StopAt(stop))
+        trainer.train(resume_from_checkpoint=resume)
+        rewards = {e["step"]: e["reward"] for e in trainer.state.log_history if "reward" in e}
+        return trainer, drawn, rewards
+
+    unbroken, drawn, rewards = run("unbroken")
+    stopped, first, _ = run("broken", stop=2)
+    checkpoint = tmp_path / "broken" / "out" / "checkpoint-2"
+    assert stopped.state.global_step == 2 and (checkpoint / "engine_rng_state_0.pth").is_file()
+    resumed, second, resumed_rewards = run("broken", resume=str(checkpoint))
+    assert resumed.state.global_step == 4
+    assert first + second == drawn and first != second  # steps 3-4 are not steps 1-2 drawn again
+    assert resumed_rewards == rewards and len(rewards) == 4  # steps 1-2 from the checkpoint's log, 3-4 anew
+    weights = dict(resumed.model.named_parameters())
+    for name, parameter in unbroken.model.named_parameters():
+        assert torch.equal(parameter, weights[name]), name
+
+
 @pytest.mark.slow
 def test_accelerate_launch_runs_the_tiny_recipe(tmp_path, tag_prone_dir):
     root = Path(__file__).resolve().parents[1]
@@ -285,6 +331,52 @@ def test_accelerate_launch_runs_the_tiny_recipe(tmp_path, tag_prone_dir):
     assert (out / "model.safetensors").exists()
     saved, given = (tag_vocab(AutoTokenizer.from_pretrained(d)).ids for d in (out, tag_prone_dir))
     assert saved == given
+
+
+def _launch_tiny_grpo(out, *flags):
+    """The tiny recipe under `accelerate launch`, 4 steps with a checkpoint at each, in a process group of its own."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    command += ["--num_cpu_threads_per_process", "1", "scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml"]
+    command += ["--output_dir", str(out), "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "1"]
+    command += ["--per_device_train_batch_size", "4", "--max_completion_length", "48", "--max_train_samples", "8"]
+    command += ["--max_path_tokens", "12", "--max_summary_tokens", "6", *flags]
+    root = Path(__file__).resolve().parents[1]
+    with open(out.parent / f"{out.name}.log", "a") as log:
+        return subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _saved_step(checkpoint):
+    """The global step in a checkpoint's trainer_state.json (written last), or None while it is not there."""
+    try:
+        return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_checkpoint_2_resumes_as_the_unbroken_run(tmp_path, tag_prone_dir):
+    """SIGKILL after checkpoint 2, then `--resume_from_checkpoint true`: the same rewards from step 3 on and the
+    same final weights as a run never killed."""
+    model = ["--model_name_or_path", str(tag_prone_dir)]
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    assert _launch_tiny_grpo(unbroken, *model).wait(timeout=900) == 0, (tmp_path / "unbroken.log").read_text()[-3000:]
+    run = _launch_tiny_grpo(broken, *model)
+    deadline = time.monotonic() + 900
+    while _saved_step(broken / "checkpoint-2") != 2 and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.poll() is None and _saved_step(broken / "checkpoint-2") == 2, (tmp_path / "broken.log").read_text()
+    os.killpg(run.pid, signal.SIGKILL)
+    assert run.wait(timeout=60) == -signal.SIGKILL
+    assert not (broken / "checkpoint-3").exists() and not (broken / "model.safetensors").exists()  # killed in step 3
+    resumed = _launch_tiny_grpo(broken, *model, "--resume_from_checkpoint", "true")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "broken.log").read_text()[-3000:]
+    logs = [json.loads((out / "trainer_state.json").read_text())["log_history"] for out in (unbroken, broken)]
+    rewards = [{e["step"]: e["reward"] for e in log if "reward" in e and e["step"] > 2} for log in logs]
+    assert rewards[0] == rewards[1] and sorted(rewards[0]) == [3, 4]
+    weights = [load_file(out / "model.safetensors") for out in (unbroken, broken)]
+    assert weights[0].keys() == weights[1].keys()
+    for name, tensor in weights[0].items():
+        assert torch.equal(tensor, weights[1][name]), name
 
 
 def test_max_prompt_length_drops_exactly_the_longer_templated_prompts(tiny_dir, tiny_tokenizer):

@@ -14,10 +14,14 @@ checkpointing, logging, Hub push) is stock TRL:
 After each generation it logs the shape of the completions (parallel ratio, blocks, paths, format
 validity, relative block position, D and T) and, where TRL does not already (it does with vLLM and
 importance-sampling correction on), the gap between the sampler's and the trainer's log-probs.
+
+Checkpoints also carry the engine's random stream (`_save_rng_state`, `_load_rng_state`), so that a resumed run
+samples what the unbroken run would have.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +40,10 @@ from ..rollout.vllm_backend import VLLMBackend
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tokens import has_parallel_tokens, tag_ids, tag_vocab
 
+logger = logging.getLogger(__name__)
+
 ROLLOUT_MODES = ("fork", "sequential", "trl")
+ENGINE_RNG_FILE = "engine_rng_state_{}.pth"  # one per process, in each checkpoint
 
 
 @dataclass
@@ -171,6 +178,7 @@ class ParallelGRPOTrainer(GRPOTrainer):
         if args.attention != "causal":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._newline = self._tokenizer.encode("\n", add_special_tokens=False)
+        self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
             self.add_callback(InTrainingEvaluation(self, args.parallel_eval_benchmarks, args.parallel_eval_problems))
 
@@ -211,6 +219,9 @@ class ParallelGRPOTrainer(GRPOTrainer):
                 self._hf_backend = TransformersBackend(
                     model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id
                 )
+            if self._resumed_engine_rng is not None:
+                self._hf_backend.generator.set_state(self._resumed_engine_rng)
+                self._resumed_engine_rng = None
             self._hf_backend.model = model
             return self._engine(self._hf_backend).generate(prompt_ids)
 
@@ -250,6 +261,54 @@ class ParallelGRPOTrainer(GRPOTrainer):
         broadcast_object_list(payload, from_process=0)
         start = self.accelerator.process_index * len(prompt_ids)
         return payload[0][start : start + len(prompt_ids)]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Transformers' RNG states, plus this process's engine stream (transformers backend) in
+        `engine_rng_state_{process_index}.pth`."""
+        super()._save_rng_state(output_dir)
+        if hasattr(self, "_hf_backend"):
+            state = self._hf_backend.generator.get_state()
+            torch.save(state, os.path.join(output_dir, ENGINE_RNG_FILE.format(self.args.process_index)))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Restore what `_save_rng_state` saved; the engine stream resumes at the next generation.
+
+        Exact with the transformers backend when the checkpoint ends a generation cycle (see
+        `_warn_if_mid_generation`). Not exact with vLLM: the backend sets no per-request seed (the K requests
+        of a fork would draw the same path), so vLLM samples from its engine's own stream, seeded once when the
+        engine starts (TRL's colocated `LLM(seed=process_index // tensor_parallel_size)`, or the server's own
+        seed) and not in the checkpoint: a resumed run samples from a restarted stream. A checkpoint without the
+        engine file (older versions) is resumed with the stream seeded afresh, as before, after a warning.
+        `rollout_mode="trl"` samples from torch's global generator, which transformers restores.
+        """
+        super()._load_rng_state(checkpoint)
+        if checkpoint is None or self.grammar is None:
+            return
+        self._warn_if_mid_generation()
+        if self.use_vllm:
+            logger.warning("Resuming with vLLM: its sampler state is not checkpointed, the completions will differ")
+            return
+        path = os.path.join(checkpoint, ENGINE_RNG_FILE.format(self.args.process_index))
+        if not os.path.isfile(path):
+            logger.warning("%s is missing (an older checkpoint): the engine samples from its seed again", path)
+            return
+        self._resumed_engine_rng = torch.load(path, weights_only=True)
+
+    def _warn_if_mid_generation(self) -> None:
+        """TRL generates once per `steps_per_generation * num_iterations` micro-steps and reuses the buffered
+        batch in between; the buffer is not in the checkpoint, so a resume inside such a cycle generates anew
+        and is not the unbroken run (choose save_steps so that checkpoints end cycles)."""
+        cycle = self.args.steps_per_generation * self.num_iterations
+        micro_steps = self.state.global_step * self.args.gradient_accumulation_steps
+        if micro_steps % cycle:
+            logger.warning(
+                "Resuming at step %d, inside a generation cycle of %d micro-steps: the buffered completions are "
+                "not in the checkpoint, so the resumed run samples anew and differs from the unbroken one",
+                self.state.global_step,
+                cycle,
+            )
 
     # ------------------------------------------------------------------ the structured forward
 
