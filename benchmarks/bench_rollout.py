@@ -40,11 +40,10 @@ from parallel_r1.data import DATA_DIR
 from parallel_r1.format import PARALLEL_OPEN, TAGS, TagVocab, parse, stats
 from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
 from parallel_r1.structure import isolated_inputs
-from parallel_r1.tiny import build_tokenizer
+from parallel_r1.tiny import build_tokenizer, pin_logits
 from parallel_r1.tokens import tag_vocab
 
 logger = logging.getLogger("bench_rollout")
-CONSTANT = 0  # the residual coordinate that carries the constant
 STRATEGIES = ("sequential", "engine", "paper")
 TARGET = 1.5  # the speed-up over the paper's strategy the rollout issue asks for at K = 2
 
@@ -52,9 +51,7 @@ TARGET = 1.5  # the speed-up over the paper's strategy the rollout issue asks fo
 def shaped_model(tokenizer, hidden: int, layers: int, head_dim: int, seed: int = 0) -> Qwen3ForCausalLM:
     """A random Qwen3 that greedily opens a block at once and never closes a path, a summary or the completion.
 
-    Every embedding holds 1.0 at coordinate CONSTANT and no layer writes there (its rows of `o_proj` and
-    `down_proj` are zero), so after the final norm that coordinate is positive at every position. The output
-    head reads it: +1 for `<Parallel>`, -1 for the other tags and EOS, 0 for every other token.
+    `tiny.pin_logits`: +1 for `<Parallel>`, -1 for the other tags and EOS (a constant logit at every position).
     """
     torch.manual_seed(seed)
     heads = hidden // head_dim
@@ -75,16 +72,8 @@ def shaped_model(tokenizer, hidden: int, layers: int, head_dim: int, seed: int =
     )
     model = Qwen3ForCausalLM(config).eval()
     vocab = tag_vocab(tokenizer)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, CONSTANT] = 1.0
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight[CONSTANT] = 0.0
-            layer.mlp.down_proj.weight[CONSTANT] = 0.0
-        head = model.lm_head.weight
-        head[:, CONSTANT] = 0.0
-        for token in [vocab.ids[tag] for tag in TAGS] + [tokenizer.eos_token_id]:
-            head[token] = 0.0
-            head[token, CONSTANT] = 1.0 if token == vocab.ids[PARALLEL_OPEN] else -1.0
+    stops = [vocab.ids[tag] for tag in TAGS] + [tokenizer.eos_token_id]
+    pin_logits(model, {token: 1.0 if token == vocab.ids[PARALLEL_OPEN] else -1.0 for token in stops})
     return model
 
 

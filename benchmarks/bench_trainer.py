@@ -39,12 +39,11 @@ from trl import GRPOConfig, GRPOTrainer
 
 from parallel_r1.data import load_problems
 from parallel_r1.format import TAGS
-from parallel_r1.tiny import build_model, build_tokenizer
+from parallel_r1.tiny import build_model, build_tokenizer, pin_logits
 from parallel_r1.tokens import tag_vocab
 from parallel_r1.trainers import ParallelGRPOConfig, ParallelGRPOTrainer
 
 logger = logging.getLogger("bench_trainer")
-CONSTANT = 0  # the residual coordinate that carries the constant
 SUPPRESSION = 20.0  # how far below zero the tags' and EOS's logits are pushed, in units of that coordinate
 TARGET = 1.10  # the step-time ratio to stock TRL the trainer-overhead issue asks for
 TRAINERS = ("stock", "trl", "fork")
@@ -53,9 +52,7 @@ TRAINERS = ("stock", "trl", "fork")
 def endless_model(tokenizer, hidden: int, layers: int, seed: int = 0):
     """The tiny Qwen3, changed so that it never samples a tag or EOS: plain text up to the length cap.
 
-    Every embedding holds 1.0 at coordinate CONSTANT and no layer writes there (its rows of `o_proj` and
-    `down_proj` are zero), so after the final norm that coordinate is positive at every position. The output rows
-    of the tags and EOS read only it, with weight -SUPPRESSION; no other row reads it.
+    `tiny.pin_logits` holds the logits of the tags and EOS at -SUPPRESSION times a positive constant everywhere.
     """
     model = build_model(
         tokenizer,
@@ -65,16 +62,8 @@ def endless_model(tokenizer, hidden: int, layers: int, seed: int = 0):
         num_hidden_layers=layers,
         num_attention_heads=hidden // 32,
     )
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, CONSTANT] = 1.0
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight[CONSTANT] = 0.0
-            layer.mlp.down_proj.weight[CONSTANT] = 0.0
-        head = model.lm_head.weight
-        head[:, CONSTANT] = 0.0
-        for token in [tag_vocab(tokenizer).ids[tag] for tag in TAGS] + [tokenizer.eos_token_id]:
-            head[token] = 0.0
-            head[token, CONSTANT] = -SUPPRESSION
+    stops = [tag_vocab(tokenizer).ids[tag] for tag in TAGS] + [tokenizer.eos_token_id]
+    pin_logits(model, dict.fromkeys(stops, -SUPPRESSION))
     return model
 
 

@@ -135,6 +135,23 @@ def make_tag_prone(model, tokenizer, strength: float = 5.0, seed: int = 1) -> No
             head[token] = strength * direction / direction.norm()
 
 
+def pin_logits(model, weights: dict) -> None:
+    """Fix the logits of some tokens, at every position, to `weights[token]` times one positive constant: every
+    embedding holds 1.0 at coordinate 0 and no layer writes there (its rows of `o_proj` and `down_proj` are zero),
+    so after the final norm that coordinate is positive everywhere; the output rows of these tokens read only it,
+    and no other row reads it. Needs untied embeddings."""
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+        head = model.lm_head.weight
+        head[:, 0] = 0.0
+        for token, weight in weights.items():
+            head[token] = 0.0
+            head[token, 0] = weight
+
+
 def teacher_trace(answer: str) -> str:
     """The trace the tiny teacher learns for a problem whose answer is `answer`: one block of two paths."""
     return (
