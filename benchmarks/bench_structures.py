@@ -382,7 +382,7 @@ def main() -> None:
         lines += [
             "",
             "Flex attention has no backward on CPU (the error above), so here the forward alone, without grad:"
-            " the boolean mask through SDPA against the `BlockMask` through transformers' flex_attention (compiled"
+            " the structure's mask (additive, in the model's dtype) through SDPA against the `BlockMask` through transformers' flex_attention (compiled"
             " by transformers with torch.compile; the compilation is in the warm-up pass, not in the figures).",
             "",
             *table(forward_only, "forward, no grad"),
