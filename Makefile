@@ -8,7 +8,6 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: install test lint format demo demo-ablation bench gpu-check clean
-DEMO_ENV := OMP_NUM_THREADS=2 TRL_EXPERIMENTAL_SILENCE=1
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +36,11 @@ format: install
 # 0.6M-parameter base, add the tags, cold-start traces, SFT (Unseen), GRPO with fork-join rollouts, then evaluate
 # base, SFT and GRPO on held-out problems (outputs/demo/results/: table.md and plots). 2 CPU cores, ~10 min.
 demo: install
-	$(DEMO_ENV) $(PY) scripts/demo.py
+	$(PY) scripts/demo.py
 
 # Three GRPO runs from the demo's SFT model (accuracy-only, tiered, alternating): outputs/demo/ablation/table.md
 demo-ablation: install
-	$(DEMO_ENV) $(PY) scripts/demo.py --ablation
+	$(PY) scripts/demo.py --ablation
 
 # Speed comparisons (results in benchmarks/results/)
 bench: install

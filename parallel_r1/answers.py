@@ -123,7 +123,7 @@ def _unwrap_reference(text: str) -> str:
     if box and _brace_pairs(text).get(box.end() - 1) == len(text) - 1:
         return text[box.end() : -1].strip()
     if _GSM8K_MARK in text:
-        return text.rsplit(_GSM8K_MARK, 1)[1].strip().replace(",", "")
+        return text.rsplit(_GSM8K_MARK, 1)[1].replace(",", "").strip()
     return text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -41,8 +42,8 @@ def load_model(model_args, training_args):
 
 def resume_target(value, output_dir: str) -> str | None:
     """The checkpoint `--resume_from_checkpoint` names: a folder, or with `true` (or `last`) the newest complete
-    `checkpoint-*` of `output_dir` (one with its trainer_state.json, which the trainer writes last: a run killed
-    while saving leaves a newer folder without it); None for nothing or `false`. A folder that is not there is an
+    `checkpoint-*` of `output_dir` (one with a whole trainer_state.json, which the trainer writes last: a run killed
+    while saving leaves a newer folder without it, or with half of it); None for nothing or `false`. A folder that is not there is an
     error."""
     if value is None or str(value).lower() in ("", "false", "no", "0", "none"):
         return None
@@ -65,12 +66,20 @@ def _last_complete_checkpoint(output_dir: Path) -> str | None:
     torn = []
     for step in sorted(steps, reverse=True):
         folder = output_dir / f"checkpoint-{step}"
-        if (folder / "trainer_state.json").is_file():
+        if _readable_json(folder / "trainer_state.json"):
             if torn:
-                logger.warning("Skipping %s: no trainer_state.json (a save cut short)", ", ".join(torn))
+                logger.warning("Skipping %s: no whole trainer_state.json (a save cut short)", ", ".join(torn))
             return str(folder)
         torn.append(folder.name)
     return None
+
+
+def _readable_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def train_and_save(trainer, training_args, dataset_name: str, settings: ParallelSettings) -> None:

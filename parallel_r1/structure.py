@@ -12,10 +12,10 @@ The tree comes from `format.parse`, which reads ids with the same state machine 
 engine, so a cut completion gets the structure it was sampled with (an unclosed last path is
 still a path). The prompt is never parsed: its tags (the instruction names them) are plain text.
 
-The mask is built as a boolean [B, 1, L, L] tensor (True = may attend) and handed to the model as an additive one
-in the model's dtype (0 or the dtype's lowest value), which transformers passes through unchanged to SDPA. SDPA
-turns a boolean mask into an additive one inside every layer and keeps that copy for the backward, one per layer;
-built once, it is shared (benchmarks/results/structures.md). A flex-attention `BlockMask` from the same
+The mask is built as a boolean [B, 1, L, L] tensor (True = may attend); a forward with gradients hands the model
+an additive one in the dtype attention runs in (0 or the dtype's lowest value), which transformers passes through
+unchanged to SDPA. SDPA turns a boolean mask into an additive one inside every layer and keeps that copy for the
+backward, one per layer; built once, it is shared (benchmarks/results/structures.md). A flex-attention `BlockMask` from the same
 `path_of`/`block_of` arrays would skip the masked tiles; on CPU it has no backward (same file). Padding rows and
 columns are masked, except that every token sees itself, so no row of the softmax is empty (no NaN).
 """
@@ -133,13 +133,22 @@ class IsolatedForward:
 
 
 def additive(mask: torch.Tensor, model) -> torch.Tensor:
-    """A boolean mask as the additive mask SDPA would make of it, in the model's dtype, made once for all layers."""
-    dtype = getattr(model, "module", model).dtype  # through DDP / DeepSpeed wrappers
+    """For a forward with gradients, a boolean mask as the additive mask SDPA would make of it in every layer, made
+    once in the dtype attention runs in (autocast's, else the model's); without gradients, the boolean mask (SDPA
+    frees each layer's copy at once, and the boolean one is the smaller)."""
+    if not torch.is_grad_enabled():
+        return mask
+    device = mask.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = getattr(model, "module", model).dtype  # through DDP / DeepSpeed wrappers
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 def check_attention_implementation(model) -> None:
-    """The structured masks are 4-D tensors that transformers hands to SDPA unchanged."""
+    """The structured masks are 4-D tensors that transformers hands to SDPA unchanged; eager attention would add
+    the rollout backend's boolean ones as 0/1."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(

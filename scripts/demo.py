@@ -28,8 +28,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
-ACCELERATE = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file"]
-ACCELERATE.append(str(ROOT / "accelerate_configs" / "cpu.yaml"))
+ACCELERATE = [
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+    "--config_file",
+    str(ROOT / "accelerate_configs" / "cpu.yaml"),
+]
 PYTHON = [sys.executable]
 # The parallel ratios of the paper's reward ablation (Parallel-R1-Unseen; REFERENCE)
 PAPER_RATIOS = {"accuracy": 13.6, "tiered": 80.3, "alternating": 63.0}
@@ -160,7 +165,7 @@ class Demo:
             [*PYTHON, "scripts/plot.py", "--evaluations", *folders,
              "--trainer_state", self.path("grpo", "trainer_state.json"), "--output_dir", results],
         )  # fmt: skip
-        self.summary(Path(results) / "table.md", ["base-special", "sft", "grpo"])
+        self.summary(Path(results) / "table.md", ["base-special", "sft", "grpo"], self.out / "timings.md")
 
     def ablation(self) -> None:
         if (self.out / "sft" / "config.json").exists():
@@ -175,13 +180,13 @@ class Demo:
         table = ablation_table(rows)
         path = self.out / "ablation" / "table.md"
         path.write_text(table + "\n")
-        self.summary(path, [f"ablation/{name}" for name in ABLATION])
+        self.summary(path, [f"ablation/{name}" for name in ABLATION], path.with_name("timings.md"))
 
-    def summary(self, table: Path, models: list[str]) -> None:
-        """Write timings.md; print the table, the timings and where everything is."""
+    def summary(self, table: Path, models: list[str], timings: Path) -> None:
+        """Write the `timings` file; print the table, the timings and where everything is."""
         lines = ["| Stage | Seconds |", "|---|---|"] + [f"| {t} | {s:.0f} |" for t, s in self.timings]
         lines.append(f"| **total** | **{sum(s for _, s in self.timings):.0f}** |")
-        (self.out / "timings.md").write_text("\n".join(lines) + "\n")
+        timings.write_text("\n".join(lines) + "\n")
         print("\n" + " Done ".center(100, "="))
         print(table.read_text())
         print("\n".join(lines))

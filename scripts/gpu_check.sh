@@ -17,8 +17,9 @@ RESULTS=benchmarks/results
 if [ "${GPU_CHECK_INSTALL:-1}" = 0 ]; then
     echo "== using $PYTHON as it is (GPU_CHECK_INSTALL=0)"
 elif compgen -G "wheels/*.whl" > /dev/null; then
-    echo "== installing from wheels/ (no index)"
-    "$PYTHON" -m pip install --quiet --no-index --find-links wheels wheels/*.whl
+    echo "== installing from wheels/ (no index; the node's own torch, CUDA and triton are kept)"
+    "$PYTHON" -m pip install --quiet --no-index --find-links wheels \
+        $(ls wheels/*.whl | grep -v -E '/(torch|nvidia_|triton)[-_]')
 else
     echo "== installing the project's dependencies from the package index"
     "$PYTHON" -m pip install --quiet -e ".[dev]"

@@ -20,9 +20,11 @@ def test_resume_true_takes_the_newest_complete_checkpoint(tmp_path, caplog):
         (tmp_path / f"checkpoint-{step}").mkdir()
         if step != 12:  # checkpoint-12: a save cut short, the weights written but not the trainer state
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-14").mkdir()
+    (tmp_path / "checkpoint-14" / "trainer_state.json").write_text('{"global_step": 1')  # cut mid-write
     (tmp_path / "checkpoint-x").mkdir()
     assert resume_target("true", str(tmp_path)) == str(tmp_path / "checkpoint-10")
-    assert "Skipping checkpoint-12" in caplog.text
+    assert "Skipping checkpoint-14, checkpoint-12" in caplog.text
     assert resume_target("last", str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert resume_target(str(tmp_path / "checkpoint-2"), str(tmp_path)) == str(tmp_path / "checkpoint-2")
     assert resume_target(None, str(tmp_path)) is None and resume_target("false", str(tmp_path)) is None

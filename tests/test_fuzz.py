@@ -133,7 +133,8 @@ def test_drill_inputs_round_trip(tokenizer, seed, index):
 
 
 @pytest.mark.parametrize(
-    ("cell", "gold"), [(r"\boxed{\boxed{3}}", "3"), (r"#### \boxed{5}", "5"), (r"\boxed{#### 1,000}", "1000")]
+    ("cell", "gold"),
+    [(r"\boxed{\boxed{3}}", "3"), (r"#### \boxed{5}", "5"), (r"\boxed{#### 1,000}", "1000"), ("#### , 5", "5")],
 )
 def test_extract_reference_unwraps_until_nothing_changes(cell, gold):
     once = extract_reference(cell)

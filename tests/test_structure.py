@@ -158,3 +158,20 @@ def test_isolation_holds_in_a_left_padded_batch(tiny_model, tiny_tokenizer):
         expected = _logits(tiny_model, alone)[0, -n - 1 :]
         start = width + 4 + len(body1)  # column of the second path's first body token
         torch.testing.assert_close(together[i, start - 1 : start + n], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_forward_with_gradients_gets_the_additive_mask_sdpa_would_make_and_the_same_attention(tiny_model):
+    from parallel_r1.structure import additive
+
+    torch.manual_seed(0)
+    mask = torch.rand(2, 1, 6, 6) < 0.5
+    mask |= torch.eye(6, dtype=torch.bool)
+    q, k, v = torch.randn(3, 2, 2, 6, 8).unbind(0)
+    made = additive(mask, tiny_model)
+    assert made.dtype == torch.float32 and set(made.unique().tolist()) == {0.0, torch.finfo(torch.float32).min}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, v, attn_mask=made), sdpa(q, k, v, attn_mask=mask))
+    with torch.no_grad():
+        assert additive(mask, tiny_model) is mask  # no backward to keep copies for: the smaller boolean mask
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert additive(mask, tiny_model).dtype == torch.bfloat16  # the dtype attention runs in

@@ -77,8 +77,18 @@ class FunctionTeacher:
             )
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
+        """Each request's text; a call that raises, or returns something else than a string, fails that request
+        alone (reported at the end, as a server's failed request is)."""
         for request in requests:
-            yield request, Answer(self.function(request.messages, request.seed), "stop", None)
+            try:
+                text = self.function(request.messages, request.seed)
+            except Exception as error:  # the function's own bug or refusal: this request fails, the run goes on
+                yield request, error
+                continue
+            if isinstance(text, str):
+                yield request, Answer(text, "stop", None)
+            else:
+                yield request, TypeError(f"the function returned {type(text).__name__}, not the answer's text")
 
 
 class TransformersTeacher:

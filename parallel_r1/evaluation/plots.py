@@ -12,7 +12,7 @@ from pathlib import Path
 from ..resume import read_lines
 from .report import shown_name
 
-CHECKPOINT = re.compile(r"checkpoint-\d+/?$")
+CHECKPOINT = re.compile(r"(^|/)checkpoint-\d+/?$")
 TRAINING_KEYS = {
     "parallel/ratio": "parallel ratio",
     "reward": "reward",
