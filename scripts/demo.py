@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from parallel_r1.demo.task import path_report
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
 ACCELERATE = [
@@ -165,6 +167,8 @@ class Demo:
             [*PYTHON, "scripts/plot.py", "--evaluations", *folders,
              "--trainer_state", self.path("grpo", "trainer_state.json"), "--output_dir", results],
         )  # fmt: skip
+        paths = path_report({label: self.path("eval", label) for label in ("sft", "grpo")})
+        (Path(results) / "paths.md").write_text(paths + "\n")
         self.summary(Path(results) / "table.md", ["base-special", "sft", "grpo"], self.out / "timings.md")
 
     def ablation(self) -> None:
@@ -189,6 +193,8 @@ class Demo:
         timings.write_text("\n".join(lines) + "\n")
         print("\n" + " Done ".center(100, "="))
         print(table.read_text())
+        if (paths := table.with_name("paths.md")).exists():
+            print(paths.read_text())
         print("\n".join(lines))
         print(f"\nTable:   {table}")
         if plots := sorted(table.parent.glob("*.png")):

@@ -26,6 +26,7 @@ from parallel_r1.demo.task import (
     Problem,
     all_problems,
     corpus,
+    path_report,
     split_problems,
     teacher,
     write_data,
@@ -100,6 +101,21 @@ def test_the_splits_hold_out_hard_problems_that_no_training_file_has(tmp_path):
     loaded = load_problems(str(files["test"]), template="none")
     assert loaded[0]["prompt"] == [{"role": "user", "content": rows["test"][0]["question"]}]
     assert is_correct(Problem.parse(rows["test"][0]["question"]).plain_solution(), loaded[0]["answer"])
+
+
+def test_the_path_report_counts_each_kind_of_path_and_how_often_it_is_right(tmp_path):
+    problem = Problem(7, 8, 3, 4)
+    completions = [
+        problem.parallel_trace((True, False)),  # alone and right, worked out and right
+        problem.parallel_trace((False, True), slip=2),  # worked out and wrong (70), alone and right
+        "no block: Final Answer: 68",
+    ]
+    folder = tmp_path / "sft"
+    folder.mkdir()
+    rows = [json.dumps({"completion": c, "reference": "68"}) for c in completions]
+    (folder / "completions.jsonl").write_text("\n".join(rows) + "\n")
+    table = path_report({"sft": folder})
+    assert table.splitlines()[2] == "| sft | 4 | 50.0 | 100.0 | 50.0 |"
 
 
 def test_the_none_template_is_the_problem_alone_and_reads_back():
@@ -195,6 +211,7 @@ def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
         parallel, accuracy = line.split("|")[2:4]
         assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("/")[0]) <= 100
     assert sorted(p.name for p in (out / "results").glob("*.png"))
+    assert (out / "results" / "paths.md").read_text().startswith("| Model | Paths | Answer alone % |")
     stages = (out / "timings.md").read_text()
     assert stages.count("\n| ") == 11 and "total" in stages  # ten stages and the total
     assert len(list((out / "logs").glob("*.log"))) == 10

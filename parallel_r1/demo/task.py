@@ -158,6 +158,36 @@ def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[s
     return files
 
 
+def path_report(evaluations: dict) -> str:
+    """A table, per evaluated model (label -> evaluation folder): how many of its paths give the answer alone (no
+    products worked out), and how often a path of each kind ends on the right answer."""
+    from ..format import parse
+    from ..resume import read_lines
+
+    lines = [
+        "| Model | Paths | Answer alone % | Right, answer alone % | Right, worked out % |",
+        "|---|---|---|---|---|",
+    ]
+    for label, folder in evaluations.items():
+        counts = {True: [0, 0], False: [0, 0]}  # answer alone? -> [paths, right]
+        for record in read_lines(Path(folder) / "completions.jsonl"):
+            for block in parse(record["completion"]).blocks:
+                for path in block.paths:
+                    numbers = re.findall(r"\d+", path.body)
+                    alone = "*" not in path.body
+                    counts[alone][0] += 1
+                    counts[alone][1] += bool(numbers) and numbers[-1] == str(record["reference"])
+        total = counts[True][0] + counts[False][0]
+        if not total:
+            continue
+        share = lambda n, of: f"{100 * n / of:.1f}" if of else "-"  # noqa: E731
+        lines.append(
+            f"| {label} | {total} | {share(counts[True][0], total)} | {share(counts[True][1], counts[True][0])} "
+            f"| {share(counts[False][1], counts[False][0])} |"
+        )
+    return "\n".join(lines)
+
+
 def corpus() -> list[str]:
     """What the base's tokenizer is trained on: problems and plain solutions."""
     return [f"{p.text}\n{p.plain_solution()}" for p in all_problems()[::7]]
