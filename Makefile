@@ -34,7 +34,7 @@ format: install
 
 # The main job on the embedded default: the whole method in miniature on the demo task (scripts/demo.py): pretrain a
 # 0.6M-parameter base, add the tags, cold-start traces, SFT (Unseen), GRPO with fork-join rollouts, then evaluate
-# base, SFT and GRPO on held-out problems (outputs/demo/results/: table.md and plots). 2 CPU cores, ~10 min.
+# base, SFT and GRPO on held-out problems (outputs/demo/results/: table.md and plots). 2 CPU cores, ~13 min with the install.
 demo: install
 	$(PY) scripts/demo.py
 

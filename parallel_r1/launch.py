@@ -87,7 +87,8 @@ def train_and_save(trainer, training_args, dataset_name: str, settings: Parallel
     model's config and in parallel_r1.json (`scripts/generate.py` reads them back), push if asked.
 
     Next to the model go the run's records, as transformers' example scripts write them: trainer_state.json (every
-    logged metric by step: `scripts/plot.py --trainer_state` draws them), train_results.json and all_results.json."""
+    logged metric by step), train_results.json and all_results.json; and training_curves.png, drawn from the state
+    as `scripts/plot.py --trainer_state` draws it."""
     resume = resume_target(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume:
         logger.info("Resuming from %s", resume)
@@ -102,9 +103,19 @@ def train_and_save(trainer, training_args, dataset_name: str, settings: Parallel
     trainer.save_state()
     if trainer.accelerator.is_main_process:
         write_settings(training_args.output_dir, settings)
+        _plot_curves(Path(training_args.output_dir))
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
+
+
+def _plot_curves(output_dir: Path) -> None:
+    from .evaluation.plots import plot_trainer_state
+
+    try:
+        plot_trainer_state(output_dir / "trainer_state.json", output_dir)
+    except ValueError as error:  # nothing logged (a run shorter than logging_steps): no curve to draw
+        logger.warning("No training curves: %s", error)
 
 
 def _load_kwargs(model_args, training_args) -> dict:

@@ -1,7 +1,7 @@
 """The whole Parallel-R1 method in miniature, on 2 CPU cores: every stage is one of the project's scripts (or TRL's),
 run as a user would run it at scale, on the task of `parallel_r1.demo.task`.
 
-    python scripts/demo.py                      # make demo: all stages, then the table and plots (~10 min)
+    python scripts/demo.py                      # make demo: all stages, then the table and plots (~11 min, ~13 with the install)
     python scripts/demo.py --ablation           # make demo-ablation: three rewards from the same SFT model
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 

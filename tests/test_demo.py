@@ -203,7 +203,10 @@ def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
     for model in ("base-init", "base", "base-special", "sft", "grpo"):
         assert (out / model / "config.json").exists(), model
     assert (out / "cold-start" / "train.parquet").exists() and (out / "cold-start" / "report.md").exists()
-    assert (out / "grpo" / "trainer_state.json").exists()
+    for stage in ("sft", "grpo"):  # the records and curves of each run of the project's scripts
+        assert {"trainer_state.json", "all_results.json", "training_curves.png"} <= {
+            p.name for p in (out / stage).iterdir()
+        }
     table = (out / "results" / "table.md").read_text().splitlines()
     rows = {line.split("|")[1].strip(): line for line in table[2:5]}
     assert list(rows) == ["base", "sft", "grpo"]

@@ -14,8 +14,10 @@ from .report import shown_name
 
 CHECKPOINT = re.compile(r"(^|/)checkpoint-\d+/?$")
 TRAINING_KEYS = {
-    "parallel/ratio": "parallel ratio",
+    "loss": "loss",
     "reward": "reward",
+    "parallel/ratio": "parallel ratio",
+    "parallel/format_valid": "format valid",
     "parallel/critical_over_total": "D/T",
     "parallel/block_position": "block position",
 }
@@ -126,14 +128,15 @@ def plot_evaluations(runs: list, output_dir: Path) -> list:
 
 
 def plot_trainer_state(path: Path, output_dir: Path) -> list:
-    """The trainer's logged parallel ratio, reward, D/T, block position and in-training accuracies over its steps."""
+    """The trainer's logged loss, reward, parallel ratio, format validity, D/T, block position and in-training
+    accuracies over its steps (those it logged)."""
     plt = _pyplot()
     history = json.loads(Path(path).read_text()).get("log_history", [])
     evaluated = sorted({key for entry in history for key in entry if key.startswith("eval/") and "/mean@" in key})
     labels = {**TRAINING_KEYS, **{key: key.removeprefix("eval/") for key in evaluated}}
     present = [key for key in labels if any(key in entry for entry in history)]
     if not present:
-        raise ValueError(f"{path} logs none of {list(TRAINING_KEYS)}: is it a ParallelGRPOTrainer's state?")
+        raise ValueError(f"{path} logs none of {list(TRAINING_KEYS)}: is it a trainer's state?")
     fig, axes = plt.subplots(len(present), 1, figsize=(8, 2.6 * len(present)), sharex=True, squeeze=False)
     for axis, key in zip(axes[:, 0], present):
         points = [(entry["step"], entry[key]) for entry in history if key in entry]
