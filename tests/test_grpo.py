@@ -367,7 +367,7 @@ def test_a_run_killed_after_checkpoint_2_resumes_as_the_unbroken_run(tmp_path, t
     assert run.poll() is None and _saved_step(broken / "checkpoint-2") == 2, (tmp_path / "broken.log").read_text()
     os.killpg(run.pid, signal.SIGKILL)
     assert run.wait(timeout=60) == -signal.SIGKILL
-    assert not (broken / "checkpoint-3").exists() and not (broken / "model.safetensors").exists()  # killed in step 3
+    assert not (broken / "model.safetensors").exists()  # killed before the end (in step 3, or later on a slow machine)
     resumed = _launch_tiny_grpo(broken, *model, "--resume_from_checkpoint", "true")
     assert resumed.wait(timeout=900) == 0, (tmp_path / "broken.log").read_text()[-3000:]
     logs = [json.loads((out / "trainer_state.json").read_text())["log_history"] for out in (unbroken, broken)]

@@ -27,8 +27,11 @@ GPUS_PER_NODE = 8  # the accelerate configs launch one node of 8 GPUs
 
 # stage -> (recipe files, parser); a new stage adds one line here
 STAGES = {
-    "sft": (sorted(RECIPES.glob("*/sft/*.yaml")) + [RECIPES / "tiny" / "sft.yaml"], sft_parser),
-    "grpo": (sorted(RECIPES.glob("*/grpo/*.yaml")) + [RECIPES / "tiny" / "grpo.yaml"], grpo_parser),
+    "sft": (sorted(RECIPES.glob("*/sft/*.yaml")) + [RECIPES / n / "sft.yaml" for n in ("tiny", "demo")], sft_parser),
+    "grpo": (
+        sorted(RECIPES.glob("*/grpo/*.yaml")) + [RECIPES / n / "grpo.yaml" for n in ("tiny", "demo")],
+        grpo_parser,
+    ),
 }
 CLASSES = {"sft": (SFTScriptArguments, ParallelSFTConfig), "grpo": (GRPOScriptArguments, ParallelGRPOConfig)}
 ALL = [(stage, path) for stage, (paths, _) in STAGES.items() for path in paths]
@@ -42,13 +45,14 @@ def parse(stage, path, *cli):
     return STAGES[stage][1]().parse_args_and_config(["--config", str(path), *device, *cli])
 
 
-EVAL = sorted(RECIPES.glob("*/eval/*.yaml")) + [RECIPES / "tiny" / "eval.yaml"]
-COLD_START = sorted(RECIPES.glob("*/cold_start/*.yaml")) + [RECIPES / "tiny" / "cold_start.yaml"]
+EVAL = sorted(RECIPES.glob("*/eval/*.yaml")) + [RECIPES / n / "eval.yaml" for n in ("tiny", "demo")]
+COLD_START = sorted(RECIPES.glob("*/cold_start/*.yaml")) + [RECIPES / n / "cold_start.yaml" for n in ("tiny", "demo")]
+TRL_SFT = [RECIPES / "demo" / "base.yaml"]  # for TRL's own trl.scripts.sft
 
 
 def test_every_recipe_is_covered():
     yamls = set(RECIPES.rglob("*.yaml"))
-    assert yamls == {path for _, path in ALL} | set(EVAL) | set(COLD_START), "a recipe no stage parses"
+    assert yamls == {path for _, path in ALL} | set(EVAL) | set(COLD_START) | set(TRL_SFT), "a recipe no stage parses"
     assert len(PAPER_SFT) >= 3 and (RECIPES / "tiny" / "sft.yaml").exists()
     names = {p.stem for p in PAPER_GRPO}
     assert names >= {
@@ -60,6 +64,14 @@ def test_every_recipe_is_covered():
         "mid_training_a",
         "mid_training_b",
     }
+
+
+def test_the_demo_base_recipe_parses_with_trls_own_sft_script():
+    from trl import ScriptArguments, SFTConfig, TrlParser
+
+    parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(["--config", str(TRL_SFT[0])])
+    assert script_args.dataset_name and model_args.model_name_or_path and training_args.max_steps == 600
 
 
 @pytest.mark.parametrize("stage, path", ALL, ids=[str(p.relative_to(RECIPES)) for _, p in ALL])
