@@ -45,6 +45,18 @@ def _restore_environment():
     os.environ.update(saved)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): on a busy CPU,
+    several threads per tiny matmul spin far longer than they compute."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A saved tiny Qwen3 model directory (tied embeddings, tags in the tokenizer)."""

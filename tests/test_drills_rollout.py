@@ -39,13 +39,7 @@ BUDGETS = ((1, 1), (2, 3), (3, 2))  # (max_path_tokens, max_summary_tokens)
 CUT_ERRORS = {"unclosed_path", "unclosed_block", "missing_summary", "unclosed_summary"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the tiny model's matmuls are too small to share, and threads spin on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _budget(limit: int, room: int) -> int:

@@ -28,13 +28,7 @@ NO_BLOCK_INDICES = ("93", "137")  # shipped traces with no <Parallel> block
 SHORT_RUN = dict(per_device_train_batch_size=1, max_length=480, learning_rate=3e-3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a busy CPU, several threads per tiny matmul spin far longer than they compute."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
