@@ -131,16 +131,21 @@ def test_the_demo_tokenizer_has_one_token_per_digit():
     assert tokens[:4] == ["1", "2", "3", "+"] and len(tokens) == 13
 
 
-def test_a_function_teacher_feeds_the_cold_start_pipeline(tmp_path):
+def function_teacher_run(tmp_path, function: str, max_problems: int) -> ColdStartConfig:
+    """A cold start on the demo's cold-start problems, asked of `function` (backend `function`)."""
     files = write_data(tmp_path / "data", num_test=10)
-    config = ColdStartConfig(
+    return ColdStartConfig(
         output_dir=str(tmp_path / "out"),
-        model_name_or_path="parallel_r1.demo.task:teacher",
+        model_name_or_path=function,
         backend="function",
         dataset_name=str(files["cold_start"]),
         prompt_template="none",
-        max_problems=200,
+        max_problems=max_problems,
     )
+
+
+def test_a_function_teacher_feeds_the_cold_start_pipeline(tmp_path):
+    config = function_teacher_run(tmp_path, "parallel_r1.demo.task:teacher", max_problems=200)
     report = generate_cold_start(config)
     rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").open()]
     reasons = Counter(r["reason"] for r in rejected)
@@ -156,15 +161,7 @@ def unreliable_teacher(messages, seed):
 
 
 def test_a_function_teacher_that_fails_some_requests_fails_them_alone(tmp_path):
-    files = write_data(tmp_path / "data", num_test=10)
-    config = ColdStartConfig(
-        output_dir=str(tmp_path / "out"),
-        model_name_or_path="test_demo:unreliable_teacher",
-        backend="function",
-        dataset_name=str(files["cold_start"]),
-        prompt_template="none",
-        max_problems=30,
-    )
+    config = function_teacher_run(tmp_path, "test_demo:unreliable_teacher", max_problems=30)
     with pytest.raises(RuntimeError, match=r"(\d+) requests failed for good") as failure:
         generate_cold_start(config)
     failed = int(failure.value.args[0].split()[0])
