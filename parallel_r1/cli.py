@@ -22,10 +22,13 @@ def run(main: Callable[[], None]) -> None:
         sys.exit(2)
 
 
-def check_model_path(name: str, what: str = "model") -> None:
-    """Fail at once on a local folder that is not there, instead of letting transformers spend a minute asking the
-    Hub for it and then blame the network. A name is local when it starts with `/`, `.` or `~`, has more than one
-    `/`, or its first part is a folder here (`outputs/tiny-sft`); a Hub id (`Qwen/Qwen3-4B-Base`) is none of these."""
+def check_model_path(name: str | None, what: str = "model") -> None:
+    """Refuse an empty name, and a local folder that is not there at once, instead of letting transformers spend a
+    minute asking the Hub for it and then blame the network. A name is local when it starts with `/`, `.` or `~`,
+    has more than one `/`, or its first part is a folder here (`outputs/tiny-sft`); a Hub id (`Qwen/Qwen3-4B-Base`)
+    is none of these."""
+    if not name:
+        raise ValueError(f"model_name_or_path is required (a Hub id or a local {what} folder)")
     path = Path(name).expanduser()
     local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name.split("/")[0]).is_dir()
     if local and not path.exists():

@@ -1,32 +1,90 @@
 """The arguments a recipe fills, by stage: one YAML file = the fields of one script's dataclasses.
 
 Each script parses a tuple of dataclasses with TRL's `TrlParser` (`--config recipe.yaml`, then CLI
-overrides): its script arguments (data, below), its trainer config (`trainers/`) and TRL's
-`ModelConfig` (model, dtype, attention implementation, LoRA). A key that none of them knows is an
-error, as is an unknown command-line flag.
+overrides): its script arguments (data), its trainer config (TRL's, plus the parallel-thinking settings) and
+TRL's `ModelConfig` (model, dtype, attention implementation, LoRA). A key that none of them knows is an
+error, as is an unknown command-line flag. The trainer configs live here, not beside their trainers, so that
+parsing (and `--help`) loads no trainer.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
-from trl import ModelConfig, TrlParser
+import yaml
+from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
 
 from .cold_start.config import ColdStartConfig
-from .evaluation.config import EvaluationConfig
-from .trainers.grpo import ParallelGRPOConfig
-from .trainers.sft import ParallelSFTConfig
+from .evaluation.config import EvaluationConfig, parse_benchmarks
+from .rollout import RolloutConfig
+
+ATTENTION = ("causal", "isolated", "tree")
+ROLLOUT_MODES = ("fork", "sequential", "trl")
 
 
-def recipe_parser(classes: tuple) -> TrlParser:
-    """TRL's parser for `classes`, its --help ending with `--config` (which TrlParser reads before parsing, so it is
-    not one of the parser's own arguments)."""
-    parser = TrlParser(classes)
-    parser.epilog = "--config RECIPE.yaml   a recipe: its keys fill the fields above; flags given here win."
-    return parser
+class RecipeParser(TrlParser):
+    """TRL's parser, with a user's mistake said in one line: a bad flag or value ends in `error: ...` (exit 2)
+    instead of argparse's page of usage, and a recipe that is missing or is not YAML is named. Its --help ends with
+    `--config`, which TrlParser reads before parsing, so that it is not one of the parser's own arguments."""
+
+    def __init__(self, classes: tuple):
+        super().__init__(classes)
+        self.epilog = "--config RECIPE.yaml   a recipe: its keys fill the fields above; flags given here win."
+
+    def error(self, message: str):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+    def parse_args_and_config(self, *args, **kwargs):
+        try:
+            return super().parse_args_and_config(*args, **kwargs)
+        except FileNotFoundError as problem:
+            raise FileNotFoundError(f"recipe {problem.filename} does not exist") from None
+        except yaml.YAMLError as problem:
+            raise ValueError(f"the recipe is not valid YAML: {' '.join(str(problem).split())}") from None
 
 
 # --------------------------------------------------------------------------- stage 1: SFT
+
+
+@dataclass
+class ParallelSFTConfig(SFTConfig):
+    """`SFTConfig` plus the attention variant. Options that cannot carry path isolation fail here."""
+
+    attention: str = field(
+        default="causal",
+        metadata={
+            "help": "'causal' (Seen: plain causal attention), 'isolated' (Unseen: the paths of a block cannot "
+            "attend to each other and restart their positions at the block's opener) or 'tree' (the paths as "
+            "isolated, what follows them reads them causally: what a serving engine samples in fork mode).",
+            "choices": list(ATTENTION),
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.attention == "causal":
+            return
+        refused = {
+            "padding_free=True": self.padding_free,
+            "packing=True": self.packing,
+            "eval_packing=True": self.eval_packing,
+        }
+        for option, is_set in refused.items():
+            if is_set:
+                raise ValueError(
+                    f"attention={self.attention!r} cannot be used with {option}: rows that share one flattened "
+                    "sequence cannot carry the per-row structure. Leave it off (padded batches)."
+                )
+        if self.completion_only_loss is False:
+            raise ValueError(
+                f"attention={self.attention!r} needs completion_only_loss: the completion (the part whose paths are "
+                "structured) starts at the first token in the loss, and the prompt, which names the tags as plain "
+                "text, must stay out of it."
+            )
 
 
 @dataclass
@@ -60,12 +118,124 @@ class SFTScriptArguments:
 SFT_ARGUMENTS = (SFTScriptArguments, ParallelSFTConfig, ModelConfig)
 
 
-def sft_parser() -> TrlParser:
+def sft_parser() -> RecipeParser:
     """The parser of `scripts/sft.py`: (SFTScriptArguments, ParallelSFTConfig, ModelConfig)."""
-    return recipe_parser(SFT_ARGUMENTS)
+    return RecipeParser(SFT_ARGUMENTS)
 
 
 # --------------------------------------------------------------------------- stage 2: RL
+
+
+@dataclass
+class ParallelGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the parallel-thinking settings. `max_completion_length` caps whole completions."""
+
+    attention: str = field(
+        default="isolated",
+        metadata={
+            "help": "'isolated' (Unseen: paths never see each other), 'causal' (Seen) or 'tree' (paths as isolated, "
+            "what follows reads them as written: what vLLM samples in fork mode, trained exactly).",
+            "choices": ["isolated", "causal", "tree"],
+        },
+    )
+    rollout_mode: str = field(
+        default="fork",
+        metadata={
+            "help": "'fork': paths decoded concurrently by the fork-join engine; 'sequential': the same blocks with "
+            "the paths decoded one after the other, each reading the earlier ones (exact for 'causal'); 'trl': "
+            "TRL's own generation, no engine, no tag grammar (sequential "
+            "baselines without tags).",
+            "choices": list(ROLLOUT_MODES),
+        },
+    )
+    num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
+    max_blocks: int = field(
+        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
+    )
+    max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path before it is closed."})
+    max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary before it is closed."})
+    parallel_eval_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Every N optimizer steps, evaluate the current weights with the training rollout on a few problems "
+            "(parallel_eval_benchmarks) and log eval/<benchmark>/* metrics; 0 turns it off."
+        },
+    )
+    parallel_eval_benchmarks: list[str] = field(
+        default_factory=lambda: ["aime25@4"],
+        metadata={"help": "Benchmarks of the in-training evaluation, as name@k (see scripts/evaluate.py)."},
+    )
+    parallel_eval_problems: int = field(default=32, metadata={"help": "Problems per benchmark in that evaluation."})
+    measure_sampling_mismatch: bool = field(
+        default=True,
+        metadata={
+            "help": "Log |sampler - trainer| log-prob gaps (sampling/sampling_logp_difference) when TRL does not: one "
+            "extra no-grad forward per generation when the old log-probs are not computed anyway."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rollout_mode != "trl":
+            self._refuse_unreproducible_sampling()
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
+        if self.attention not in ("isolated", "causal", "tree"):
+            raise ValueError(f"attention must be 'isolated', 'causal' or 'tree', got {self.attention!r}")
+        if self.rollout_mode == "trl" and self.attention != "causal":
+            raise ValueError("rollout_mode='trl' samples plain causal text: use attention='causal' with it")
+        if self.use_liger_kernel and self.attention != "causal":
+            raise ValueError(
+                f"use_liger_kernel computes its own forward and cannot carry attention={self.attention!r}"
+            )
+        if self.rollout_mode != "trl":
+            self.rollout_config()  # fail at start-up on bad budgets
+        if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
+            raise ValueError("parallel_eval_steps must be >= 0 and parallel_eval_problems >= 1")
+        if self.parallel_eval_steps and not self.ds3_gather_for_generation:
+            raise ValueError(
+                "parallel_eval_steps needs ds3_gather_for_generation: without it every decoding step of the evaluation "
+                "is a collective step, and processes decode different lengths"
+            )
+        if self.parallel_eval_steps:
+            parse_benchmarks(self.parallel_eval_benchmarks)
+        if self.parallel_eval_steps and self.rollout_mode == "trl":
+            raise ValueError(
+                "parallel_eval_steps evaluates with the fork-join engine: it needs rollout_mode fork or sequential"
+            )
+
+    def _refuse_unreproducible_sampling(self) -> None:
+        """Sampling options that reshape the distribution in ways the training forward does not repeat."""
+        unreproducible = {
+            "top_p": self.top_p != 1.0,
+            "top_k": self.top_k not in (None, 0),
+            "min_p": self.min_p not in (None, 0.0),
+            "repetition_penalty": self.repetition_penalty != 1.0,
+            "generation_kwargs": bool(self.generation_kwargs),
+        }
+        for name, is_set in unreproducible.items():
+            if is_set:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} changes what the rollout samples, but the training forward "
+                    "scores the completion without it (an uncorrected off-policy gap): leave it at its default "
+                    f"with rollout_mode={self.rollout_mode!r}"
+                )
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        """Optimizer steps per generated batch: the unit of the paper's step, which reward schedules count."""
+        return max(1, self.steps_per_generation * self.num_iterations // self.gradient_accumulation_steps)
+
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(
+            mode=self.rollout_mode,
+            attention=self.attention,
+            num_paths=self.num_paths,
+            max_blocks=self.max_blocks,
+            max_path_tokens=self.max_path_tokens,
+            max_summary_tokens=self.max_summary_tokens,
+            max_completion_tokens=self.max_completion_length,
+        )
 
 
 @dataclass
@@ -105,9 +275,9 @@ class GRPOScriptArguments:
 GRPO_ARGUMENTS = (GRPOScriptArguments, ParallelGRPOConfig, ModelConfig)
 
 
-def grpo_parser() -> TrlParser:
+def grpo_parser() -> RecipeParser:
     """The parser of `scripts/grpo.py`: (GRPOScriptArguments, ParallelGRPOConfig, ModelConfig)."""
-    return recipe_parser(GRPO_ARGUMENTS)
+    return RecipeParser(GRPO_ARGUMENTS)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -115,14 +285,14 @@ def grpo_parser() -> TrlParser:
 EVAL_ARGUMENTS = (EvaluationConfig, ModelConfig)
 
 
-def eval_parser() -> TrlParser:
+def eval_parser() -> RecipeParser:
     """The parser of `scripts/evaluate.py`: (EvaluationConfig, ModelConfig)."""
-    return recipe_parser(EVAL_ARGUMENTS)
+    return RecipeParser(EVAL_ARGUMENTS)
 
 
 # --------------------------------------------------------------------------- cold-start data
 
 
-def cold_start_parser() -> TrlParser:
+def cold_start_parser() -> RecipeParser:
     """The parser of `scripts/generate_cold_start.py`: (ColdStartConfig,)."""
-    return recipe_parser((ColdStartConfig,))
+    return RecipeParser((ColdStartConfig,))

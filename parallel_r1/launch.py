@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
 import transformers
@@ -16,16 +17,27 @@ from .sampling import ParallelSettings, record_settings, write_settings
 logger = logging.getLogger(__name__)
 
 
+# Loggers held at WARNING unless log_level is debug: transformers' modules that at INFO print a whole config (model,
+# generation) each time one is loaded or saved, four dumps a stage; vLLM's notes, on a CPU machine, that Triton
+# has no CPU backend.
+QUIET_LOGGERS = (
+    "transformers.configuration_utils",
+    "transformers.generation.configuration_utils",
+    "vllm.triton_utils.importing",
+)
+
+
 def setup_logging(training_args) -> None:
-    """`log_level` on the main process, `log_level_replica` on the others, for us and for transformers."""
+    """`log_level` on the main process, `log_level_replica` on the others, for us and for transformers (its config
+    dumps only at debug: `QUIET_LOGGERS`)."""
     level = training_args.get_process_log_level()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
     transformers.utils.logging.set_verbosity(level)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
 
 
 def load_tokenizer(model_args, training_args):
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required (a Hub id or a local model directory)")
     check_model_path(model_args.model_name_or_path)
     return AutoTokenizer.from_pretrained(model_args.model_name_or_path, **_load_kwargs(model_args, training_args))
 
@@ -82,17 +94,21 @@ def _readable_json(path: Path) -> bool:
     return True
 
 
-def train_and_save(trainer, training_args, dataset_name: str, settings: ParallelSettings) -> None:
+def train_and_save(
+    trainer, training_args, dataset_name: str, settings: ParallelSettings, recipe: str | None = None
+) -> None:
     """Train (resuming if asked: `resume_target`), save to output_dir with the parallel `settings` recorded in the
     model's config and in parallel_r1.json (`scripts/generate.py` reads them back), push if asked.
 
     Next to the model go the run's records, as transformers' example scripts write them: trainer_state.json (every
-    logged metric by step), train_results.json and all_results.json; and training_curves.png, drawn from the state
-    as `scripts/plot.py --trainer_state` draws it."""
+    logged metric by step), train_results.json and all_results.json; training_curves.png, drawn from the state
+    as `scripts/plot.py --trainer_state` draws it; and the model card, README.md (`trainers.card`: it names the
+    `recipe` file and `dataset_name`)."""
     resume = resume_target(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume:
         logger.info("Resuming from %s", resume)
     record_settings(trainer.accelerator.unwrap_model(trainer.model), settings)  # checkpoints carry them too
+    trainer.recipe, trainer.dataset_name = recipe, dataset_name  # for the model card of each save
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: keep the traceback
@@ -104,9 +120,17 @@ def train_and_save(trainer, training_args, dataset_name: str, settings: Parallel
     if trainer.accelerator.is_main_process:
         write_settings(training_args.output_dir, settings)
         _plot_curves(Path(training_args.output_dir))
+        trainer.create_model_card()  # also with save_strategy "no", when TRL has written none
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
+
+
+def recipe_path(argv: list[str] | None = None) -> str | None:
+    """The recipe that `--config` names on the command line (`sys.argv` by default); TrlParser reads it and keeps no
+    record of it."""
+    argv = sys.argv[1:] if argv is None else argv
+    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
 
 
 def _plot_curves(output_dir: Path) -> None:

@@ -53,23 +53,35 @@ def write_settings(folder: str, settings: ParallelSettings) -> None:
     (Path(folder) / SETTINGS_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
 
 
-def read_settings(model_path: str, **overrides) -> ParallelSettings:
-    """The settings a saved model recorded (its config, local or on the Hub, or `parallel_r1.json`), defaults where
-    it recorded none, then `overrides` (None values are ignored)."""
-    from transformers import AutoConfig
-
-    recorded = getattr(AutoConfig.from_pretrained(model_path), CONFIG_KEY, None)
-    file = Path(model_path) / SETTINGS_FILE
-    if recorded is None and file.is_file():
-        recorded = json.loads(file.read_text())
+def read_settings(model_path: str, revision: str | None = None, defaults: ParallelSettings | None = None,
+                  **overrides) -> ParallelSettings:  # fmt: skip
+    """The settings a saved model recorded, `defaults` (`ParallelSettings()` unless given) where it recorded none,
+    then `overrides` (None values are ignored)."""
+    defaults = defaults or ParallelSettings()
+    recorded = _recorded(model_path, revision)
     if recorded is None:
-        logger.warning(
-            "%s records no parallel settings: sampling with the defaults %s", model_path, ParallelSettings()
-        )
+        logger.warning("%s records no parallel settings: sampling with the defaults %s", model_path, defaults)
     known = {f.name for f in fields(ParallelSettings)}
-    values = {k: v for k, v in (recorded or {}).items() if k in known}
+    values = {**asdict(defaults), **{k: v for k, v in (recorded or {}).items() if k in known}}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ParallelSettings(**values)
+
+
+def _recorded(model_path: str, revision: str | None = None) -> dict | None:
+    """What a model recorded (`record_settings`, `write_settings`), or None. A local folder is read as it is, with
+    no network: its config.json, else its parallel_r1.json (a PEFT adapter folder has no config.json). Anything else
+    is a Hub id, whose config transformers reads from its cache or the Hub (unreachable: an OSError, after
+    transformers' retries)."""
+    folder = Path(model_path).expanduser()
+    if not folder.is_dir():
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.from_pretrained(model_path, revision=revision), CONFIG_KEY, None)
+    config = folder / "config.json"
+    recorded = json.loads(config.read_text()).get(CONFIG_KEY) if config.is_file() else None
+    if recorded is None and (folder / SETTINGS_FILE).is_file():
+        recorded = json.loads((folder / SETTINGS_FILE).read_text())
+    return recorded
 
 
 class ParallelSampler:

@@ -12,16 +12,16 @@ completions.jsonl; an interrupted run restarted with the same arguments samples 
 
 import logging
 
-from parallel_r1.cli import run
+from parallel_r1.cli import check_model_path, run
 from parallel_r1.configs import eval_parser
-from parallel_r1.evaluation.runner import evaluate
 
 
 def main() -> None:
     config, model_args = eval_parser().parse_args_and_config()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required (a local model folder, a checkpoint or a Hub id)")
+    check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
+    from parallel_r1.evaluation.runner import evaluate  # after parsing: --help answers without loading it
+
     evaluate(config, model_args)
 
 

@@ -13,13 +13,14 @@ with the same arguments keeps what it has and asks only for the answers it lacks
 import logging
 
 from parallel_r1.cli import run
-from parallel_r1.cold_start import generate_cold_start
 from parallel_r1.configs import cold_start_parser
 
 
 def main() -> None:
     (config,) = cold_start_parser().parse_args_and_config()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    from parallel_r1.cold_start import generate_cold_start  # after parsing: --help answers without loading it
+
     generate_cold_start(config)
 
 

@@ -12,21 +12,19 @@ logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL
 
 import logging
 
-from trl import get_peft_config
-
-from parallel_r1.cli import run
+from parallel_r1.cli import check_model_path, run
 from parallel_r1.configs import grpo_parser
-from parallel_r1.data import load_problems, prompt_ids
-from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
-from parallel_r1.rewards import get_reward_funcs
-from parallel_r1.sampling import ParallelSettings
-from parallel_r1.trainers import ParallelGRPOTrainer
+
+# The rest is imported after the arguments are parsed: --help and a bad flag answer without loading TRL's trainers
+# (and vLLM with them).
 
 logger = logging.getLogger(__name__)
 
 
 def load_split(script_args, training_args, tokenizer, split):
     """The problems of one split, without those whose templated prompt exceeds max_prompt_length tokens."""
+    from parallel_r1.data import load_problems, prompt_ids
+
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
         dataset = load_problems(
             script_args.dataset_name,
@@ -56,7 +54,14 @@ def load_split(script_args, training_args, tokenizer, split):
         return kept
 
 
-def main(script_args, training_args, model_args):
+def main(script_args, training_args, model_args, recipe: str | None = None):
+    from trl import get_peft_config
+
+    from parallel_r1.launch import load_model, load_tokenizer, train_and_save
+    from parallel_r1.rewards import get_reward_funcs
+    from parallel_r1.sampling import ParallelSettings
+    from parallel_r1.trainers import ParallelGRPOTrainer
+
     tokenizer = load_tokenizer(model_args, training_args)
     steps_per_batch = training_args.optimizer_steps_per_generation  # reward schedules count generations
     reward_funcs = get_reward_funcs(script_args.reward_funcs, tokenizer=tokenizer, steps_per_batch=steps_per_batch)
@@ -83,13 +88,16 @@ def main(script_args, training_args, model_args):
         max_summary_tokens=training_args.max_summary_tokens,
         max_completion_tokens=training_args.max_completion_length,
     )
-    train_and_save(trainer, training_args, script_args.dataset_name, settings)
+    train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
 
 
 def cli() -> None:
     script_args, training_args, model_args = grpo_parser().parse_args_and_config()
+    check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
+    from parallel_r1.launch import recipe_path, setup_logging
+
     setup_logging(training_args)
-    main(script_args, training_args, model_args)
+    main(script_args, training_args, model_args, recipe_path())  # the model card names the recipe
 
 
 if __name__ == "__main__":

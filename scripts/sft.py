@@ -10,18 +10,16 @@ resuming (`--resume_from_checkpoint <dir>`, or `true` for the newest checkpoint 
 `hub_model_id`) are TRL's and transformers' own.
 """
 
-from trl import get_peft_config
-
-from parallel_r1.cli import run
+from parallel_r1.cli import check_model_path, run
 from parallel_r1.configs import sft_parser
-from parallel_r1.data import drop_long_traces, load_sft_traces
-from parallel_r1.launch import load_model, load_tokenizer, setup_logging, train_and_save
-from parallel_r1.sampling import ParallelSettings
-from parallel_r1.trainers import ParallelSFTTrainer
+
+# The rest is imported after the arguments are parsed: --help and a bad flag answer without loading TRL's trainers.
 
 
 def load_traces(script_args, training_args, tokenizer, split):
     """The traces of one split, without those longer than max_length tokens (dropped, as the paper's SFT does)."""
+    from parallel_r1.data import drop_long_traces, load_sft_traces
+
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
         traces = load_sft_traces(
             script_args.dataset_name,
@@ -39,7 +37,13 @@ def load_traces(script_args, training_args, tokenizer, split):
         return drop_long_traces(traces, tokenizer, training_args.max_length, f"{script_args.dataset_name} [{split}]")
 
 
-def main(script_args, training_args, model_args):
+def main(script_args, training_args, model_args, recipe: str | None = None):
+    from trl import get_peft_config
+
+    from parallel_r1.launch import load_model, load_tokenizer, train_and_save
+    from parallel_r1.sampling import ParallelSettings
+    from parallel_r1.trainers import ParallelSFTTrainer
+
     tokenizer = load_tokenizer(model_args, training_args)
     model = load_model(model_args, training_args)
     train_dataset = load_traces(script_args, training_args, tokenizer, script_args.dataset_train_split)
@@ -57,13 +61,16 @@ def main(script_args, training_args, model_args):
     mode = "sequential" if training_args.attention == "causal" else "fork"  # the exact rollout of the variant
     settings = ParallelSettings(attention=training_args.attention, prompt_template=script_args.prompt_template,
                                 rollout_mode=mode)  # fmt: skip
-    train_and_save(trainer, training_args, script_args.dataset_name, settings)
+    train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
 
 
 def cli() -> None:
     script_args, training_args, model_args = sft_parser().parse_args_and_config()
+    check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
+    from parallel_r1.launch import recipe_path, setup_logging
+
     setup_logging(training_args)
-    main(script_args, training_args, model_args)
+    main(script_args, training_args, model_args, recipe_path())  # the model card names the recipe
 
 
 if __name__ == "__main__":

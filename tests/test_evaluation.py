@@ -48,6 +48,13 @@ def test_writes_the_table_the_json_and_the_completions(evaluated, tag_prone_dir)
     saved = json.loads((out / "results.json").read_text())
     assert saved["settings"]["benchmarks"] == SMALL["benchmarks"] and saved["settings"]["temperature"] == 1.0
     assert saved["settings"]["seed"] == 0 and saved["settings"]["prompt_template"] == "parallel"
+    # the tiny model records no parallel settings: what the test leaves unset is the evaluation's default
+    assert [saved["settings"][k] for k in ("attention", "rollout_mode", "num_paths", "max_blocks")] == [
+        "isolated",
+        "fork",
+        2,
+        4,
+    ]
     assert "torch" in saved["versions"] and saved["model"]["name_or_path"] == str(tag_prone_dir)
     records = read_lines(out / "completions.jsonl")
     assert len(records) == 2 * 3 * 4 and len({rec.key(r) for r in records}) == len(records)
@@ -123,7 +130,7 @@ def test_an_interrupted_evaluation_resumes_without_losing_or_repeating(tag_prone
         (dict(benchmarks=["aime24@2", "aime24@4"]), "twice"),
         (dict(rollout_mode="tree"), "rollout_mode"),
         (dict(backend="tgi"), "backend"),
-        (dict(rollout_mode="sequential"), "attention='causal'"),
+        (dict(rollout_mode="sequential", attention="isolated"), "attention='causal'"),
         (dict(num_paths=1), "num_paths"),
         (dict(prompt_template="fancy"), "template"),
     ],
@@ -131,6 +138,39 @@ def test_an_interrupted_evaluation_resumes_without_losing_or_repeating(tag_prone
 def test_bad_settings_fail_at_once(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         EvaluationConfig(output_dir=str(tmp_path), **overrides)
+
+
+@pytest.mark.usefixtures("one_thread")  # several threads per tiny matmul are slower on a busy CPU
+def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, tmp_path):
+    from parallel_r1.sampling import ParallelSettings, record_settings
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tag_prone_dir, model_dir)
+    model = __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir)
+    recorded = ParallelSettings(num_paths=3, max_blocks=2, max_path_tokens=12, max_summary_tokens=6,
+                                max_completion_tokens=80)  # fmt: skip
+    record_settings(model, recorded)
+    model.save_pretrained(model_dir)
+    vocab = tag_vocab(__import__("transformers").AutoTokenizer.from_pretrained(model_dir))
+
+    def paths_and_settings(out, **overrides):
+        config = EvaluationConfig(output_dir=str(out), benchmarks=["gsm8k@4"], max_problems=2, **overrides)
+        model_args = ModelConfig(model_name_or_path=str(model_dir), dtype="float32", attn_implementation="sdpa")
+        evaluate(config, model_args)
+        blocks = [b for r in read_lines(out / "completions.jsonl") for b in parse(r["completion_ids"], vocab).blocks]
+        closed = [len(b.paths) for b in blocks if b.closed]
+        assert closed  # the tag-prone model closes blocks
+        return set(closed), json.loads((out / "results.json").read_text())["settings"]
+
+    paths, settings = paths_and_settings(tmp_path / "recorded")
+    assert paths == {3} and {k: settings[k] for k in vars(recorded)} == vars(recorded)
+    paths, settings = paths_and_settings(tmp_path / "chosen", num_paths=2, max_completion_tokens=64)
+    assert paths == {2} and settings["num_paths"] == 2 and settings["max_completion_tokens"] == 64
+    assert settings["max_path_tokens"] == 12  # the rest still the model's
+    with pytest.raises(ValueError, match="other settings \\(num_paths\\)"):  # resuming with another setting
+        paths_and_settings(tmp_path / "recorded", num_paths=2)
+    with pytest.raises(ValueError, match="attention='causal'"):  # the filled config is checked again
+        EvaluationConfig(output_dir=str(tmp_path), rollout_mode="sequential").with_model_settings(str(model_dir))
 
 
 def test_a_model_without_tags_needs_plain_decoding(tmp_path):

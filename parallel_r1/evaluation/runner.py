@@ -3,9 +3,9 @@
     evaluate(EvaluationConfig(...), model_args) -> results (also written to output_dir)
 
 Sampling uses the fork-join engine with the settings of training (attention variant, paths, budgets, tag
-grammar), or one plain decode (`rollout_mode: plain`). Backends: transformers (data-parallel when launched
-with accelerate: each process takes its share of the missing completions), an offline `vllm.LLM`, or a
-running vLLM server through TRL's `VLLMClient`. Completions are written as they come (`records`); a restart
+grammar: what the config leaves unset is what the model recorded), or one plain decode (`rollout_mode: plain`).
+Backends: transformers (data-parallel when launched with accelerate: each process takes its share of the missing
+completions), an offline `vllm.LLM`, or a running vLLM server through TRL's `VLLMClient`. Completions are written as they come (`records`); a restart
 with the same settings samples only what is missing, other settings in the same folder are refused.
 """
 
@@ -45,6 +45,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     folder = Path(config.output_dir)
     path = model_args.model_name_or_path
     check_model_path(path)
+    config = config.with_model_settings(path, model_args.model_revision)  # what it leaves unset: the model's
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
     vocab = tag_vocab(tokenizer) if has_parallel_tokens(tokenizer) else None
     if vocab is None and config.rollout_mode != "plain":
@@ -99,7 +100,7 @@ def write_results(folder: Path, config: EvaluationConfig, model_args, records: l
         "model": _model_info(model_args),
         "label": config.label or model_args.model_name_or_path,
         "settings": config.settings(),
-        "versions": _versions(),
+        "versions": versions(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         **summarize(records),
     }
@@ -229,11 +230,12 @@ def _model_info(model_args) -> dict:
     return info
 
 
-def _versions() -> dict:
-    versions = {}
+def versions() -> dict:
+    """The installed version of each of `PACKAGES` (a missing one is left out)."""
+    found = {}
     for package in PACKAGES:
         try:
-            versions[package] = metadata.version(package)
+            found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             continue
-    return versions
+    return found

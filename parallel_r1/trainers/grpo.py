@@ -24,141 +24,28 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
+from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
-from ..evaluation.config import parse_benchmarks
 from ..format import parse, stats
 from ..grammar import Grammar, GrammarForward
-from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
+from ..rollout import ForkJoinEngine, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tokens import has_parallel_tokens, tag_ids, tag_vocab
+from .card import ModelCardMixin
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_MODES = ("fork", "sequential", "trl")
 ENGINE_RNG_FILE = "engine_rng_state_{}.pth"  # one per process, in each checkpoint
 
 
-@dataclass
-class ParallelGRPOConfig(GRPOConfig):
-    """GRPOConfig plus the parallel-thinking settings. `max_completion_length` caps whole completions."""
-
-    attention: str = field(
-        default="isolated",
-        metadata={
-            "help": "'isolated' (Unseen: paths never see each other), 'causal' (Seen) or 'tree' (paths as isolated, "
-            "what follows reads them as written: what vLLM samples in fork mode, trained exactly).",
-            "choices": ["isolated", "causal", "tree"],
-        },
-    )
-    rollout_mode: str = field(
-        default="fork",
-        metadata={
-            "help": "'fork': paths decoded concurrently by the fork-join engine; 'sequential': the same blocks with "
-            "the paths decoded one after the other, each reading the earlier ones (exact for 'causal'); 'trl': "
-            "TRL's own generation, no engine, no tag grammar (sequential "
-            "baselines without tags).",
-            "choices": list(ROLLOUT_MODES),
-        },
-    )
-    num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
-    max_blocks: int = field(
-        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
-    )
-    max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path before it is closed."})
-    max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary before it is closed."})
-    parallel_eval_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Every N optimizer steps, evaluate the current weights with the training rollout on a few problems "
-            "(parallel_eval_benchmarks) and log eval/<benchmark>/* metrics; 0 turns it off."
-        },
-    )
-    parallel_eval_benchmarks: list[str] = field(
-        default_factory=lambda: ["aime25@4"],
-        metadata={"help": "Benchmarks of the in-training evaluation, as name@k (see scripts/evaluate.py)."},
-    )
-    parallel_eval_problems: int = field(default=32, metadata={"help": "Problems per benchmark in that evaluation."})
-    measure_sampling_mismatch: bool = field(
-        default=True,
-        metadata={
-            "help": "Log |sampler - trainer| log-prob gaps (sampling/sampling_logp_difference) when TRL does not: one "
-            "extra no-grad forward per generation when the old log-probs are not computed anyway."
-        },
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.rollout_mode != "trl":
-            self._refuse_unreproducible_sampling()
-        if self.rollout_mode not in ROLLOUT_MODES:
-            raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
-        if self.attention not in ("isolated", "causal", "tree"):
-            raise ValueError(f"attention must be 'isolated', 'causal' or 'tree', got {self.attention!r}")
-        if self.rollout_mode == "trl" and self.attention != "causal":
-            raise ValueError("rollout_mode='trl' samples plain causal text: use attention='causal' with it")
-        if self.use_liger_kernel and self.attention != "causal":
-            raise ValueError(
-                f"use_liger_kernel computes its own forward and cannot carry attention={self.attention!r}"
-            )
-        if self.rollout_mode != "trl":
-            self.rollout_config()  # fail at start-up on bad budgets
-        if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
-            raise ValueError("parallel_eval_steps must be >= 0 and parallel_eval_problems >= 1")
-        if self.parallel_eval_steps and not self.ds3_gather_for_generation:
-            raise ValueError(
-                "parallel_eval_steps needs ds3_gather_for_generation: without it every decoding step of the evaluation "
-                "is a collective step, and processes decode different lengths"
-            )
-        if self.parallel_eval_steps:
-            parse_benchmarks(self.parallel_eval_benchmarks)
-        if self.parallel_eval_steps and self.rollout_mode == "trl":
-            raise ValueError(
-                "parallel_eval_steps evaluates with the fork-join engine: it needs rollout_mode fork or sequential"
-            )
-
-    def _refuse_unreproducible_sampling(self) -> None:
-        """Sampling options that reshape the distribution in ways the training forward does not repeat."""
-        unreproducible = {
-            "top_p": self.top_p != 1.0,
-            "top_k": self.top_k not in (None, 0),
-            "min_p": self.min_p not in (None, 0.0),
-            "repetition_penalty": self.repetition_penalty != 1.0,
-            "generation_kwargs": bool(self.generation_kwargs),
-        }
-        for name, is_set in unreproducible.items():
-            if is_set:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} changes what the rollout samples, but the training forward "
-                    "scores the completion without it (an uncorrected off-policy gap): leave it at its default "
-                    f"with rollout_mode={self.rollout_mode!r}"
-                )
-
-    @property
-    def optimizer_steps_per_generation(self) -> int:
-        """Optimizer steps per generated batch: the unit of the paper's step, which reward schedules count."""
-        return max(1, self.steps_per_generation * self.num_iterations // self.gradient_accumulation_steps)
-
-    def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(
-            mode=self.rollout_mode,
-            attention=self.attention,
-            num_paths=self.num_paths,
-            max_blocks=self.max_blocks,
-            max_path_tokens=self.max_path_tokens,
-            max_summary_tokens=self.max_summary_tokens,
-            max_completion_tokens=self.max_completion_length,
-        )
-
-
-class ParallelGRPOTrainer(GRPOTrainer):
+class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs, args: ParallelGRPOConfig, processing_class=None, **kwargs):
         if not isinstance(args, ParallelGRPOConfig):
             raise TypeError(f"args must be a ParallelGRPOConfig, got {type(args).__name__}")

@@ -18,58 +18,19 @@ Rules shared by both variants:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 
 import torch
 from peft.utils.other import TrainableTokensWrapper
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
-from trl import SFTConfig, SFTTrainer
+from trl import SFTTrainer
 
+from ..configs import ParallelSFTConfig
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tokens import add_parallel_tokens, missing_tags, tag_vocab
+from .card import ModelCardMixin
 
-ATTENTION = ("causal", "isolated", "tree")
 IGNORE = -100  # TRL's label for tokens out of the loss
-
-
-@dataclass
-class ParallelSFTConfig(SFTConfig):
-    """`SFTConfig` plus the attention variant. Options that cannot carry path isolation fail here."""
-
-    attention: str = field(
-        default="causal",
-        metadata={
-            "help": "'causal' (Seen: plain causal attention), 'isolated' (Unseen: the paths of a block cannot "
-            "attend to each other and restart their positions at the block's opener) or 'tree' (the paths as "
-            "isolated, what follows them reads them causally: what a serving engine samples in fork mode).",
-            "choices": list(ATTENTION),
-        },
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
-        if self.attention == "causal":
-            return
-        refused = {
-            "padding_free=True": self.padding_free,
-            "packing=True": self.packing,
-            "eval_packing=True": self.eval_packing,
-        }
-        for option, is_set in refused.items():
-            if is_set:
-                raise ValueError(
-                    f"attention={self.attention!r} cannot be used with {option}: rows that share one flattened "
-                    "sequence cannot carry the per-row structure. Leave it off (padded batches)."
-                )
-        if self.completion_only_loss is False:
-            raise ValueError(
-                f"attention={self.attention!r} needs completion_only_loss: the completion (the part whose paths are "
-                "structured) starts at the first token in the loss, and the prompt, which names the tags as plain "
-                "text, must stay out of it."
-            )
 
 
 def completion_starts(labels: torch.Tensor) -> torch.Tensor:
@@ -145,7 +106,7 @@ def _expose_head_bias(head) -> None:
         object.__setattr__(head, "bias", head.original_module.bias)
 
 
-class ParallelSFTTrainer(SFTTrainer):
+class ParallelSFTTrainer(ModelCardMixin, SFTTrainer):
     """`SFTTrainer` for parallel-thinking traces: Seen (`attention="causal"`) or Unseen (`"isolated"`).
 
     `model` and `processing_class` are instances, so the tags can be added to both before TRL

@@ -1,0 +1,119 @@
+"""A mistake in the user's input ends a script with one line `error: ...` that names it, exit code 2, no traceback:
+a table of such mistakes, run in-process, and a few of them as a user runs them (a process, `accelerate launch`)."""
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SFT, GRPO = ROOT / "recipes/tiny/sft.yaml", ROOT / "recipes/tiny/grpo.yaml"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, tag_prone_dir):
+    """Recipes, data files and a base without the tags, each broken in one way."""
+    from parallel_r1.tiny import build_model, build_tokenizer
+
+    folder = tmp_path_factory.mktemp("bad_inputs")
+    recipe = f"model_name_or_path: {tag_prone_dir}\ndataset_name: gsm8k\nuse_cpu: true\nbf16: false\n"
+    (folder / "unknown_key.yaml").write_text(recipe + "learning_rat: 1.0e-5\n")
+    (folder / "not_yaml.yaml").write_text("model_name_or_path: [unclosed\n")
+    (folder / "columns.jsonl").write_text('{"q": "What is 2+2?", "a": "4"}\n')
+    tokenizer = build_tokenizer(with_tags=False)
+    build_model(tokenizer).save_pretrained(folder / "no_tags")
+    tokenizer.save_pretrained(folder / "no_tags")
+    return folder, str(tag_prone_dir)
+
+
+def rows(folder: Path, model: str) -> list[tuple[str, list[str], str]]:
+    """(script, arguments, the start of the one line it must end with)."""
+    grpo = ["--config", str(GRPO), "--model_name_or_path", model, "--output_dir", str(folder / "out")]
+    sft = ["--config", str(SFT), "--model_name_or_path", model, "--output_dir", str(folder / "out")]
+    return [
+        ("sft", ["--config", str(folder / "unknown_key.yaml")], "error: Unknown arguments from config file: ['--learning_rat'"),
+        ("sft", ["--config", str(folder / "not_yaml.yaml")], "error: the recipe is not valid YAML: while parsing a flow sequence"),
+        ("sft", ["--config", str(folder / "none.yaml")], f"error: recipe {folder / 'none.yaml'} does not exist"),
+        ("grpo", [*grpo, "--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two' (see --help)"),
+        ("grpo", [*grpo, "--attention", "sideways"], "error: argument --attention: invalid choice: 'sideways'"),
+        ("grpo", [*grpo, "--num_pathz", "3"], "error: Some specified arguments are not used by the HfArgumentParser: ['--num_pathz', '3']"),
+        ("grpo", [*grpo, "--rollout_mode", "trl"], "error: rollout_mode='trl' samples plain causal text: use attention='causal'"),
+        ("grpo", [*grpo, "--top_p", "0.9"], "error: top_p=0.9 changes what the rollout samples"),
+        ("grpo", [*grpo, "--max_path_tokens", "0"], "error: max_path_tokens must be at least 1, got 0"),
+        ("sft", [*sft, "--packing", "true"], "error: attention='isolated' cannot be used with packing=True"),
+        ("grpo", [*grpo, "--model_name_or_path", str(folder / "typo")], f"error: model folder {folder / 'typo'} does not exist"),
+        ("grpo", [*grpo, "--model_name_or_path", ""], "error: model_name_or_path is required"),
+        ("grpo", [*grpo, "--reward_funcs", "acuracy"], "error: unknown reward 'acuracy'"),
+        ("grpo", [*grpo, "--dataset_name", str(folder / "none.jsonl")], "error: data file not found"),
+        ("grpo", [*grpo, "--dataset_name", str(folder / "columns.jsonl")], "error: no question column: expected one of"),
+        ("grpo", [*grpo, "--model_name_or_path", str(folder / "no_tags")], "error: These tags are not single tokens"),
+        ("grpo", [*grpo, "--resume_from_checkpoint", "true"], "error: --resume_from_checkpoint true: no complete checkpoint-*"),
+        ("evaluate", ["--config", str(ROOT / "recipes/tiny/eval.yaml"), "--model_name_or_path", model,
+                      "--benchmarks", "gsm8k"], "error: benchmark 'gsm8k' must be written name@k"),
+        ("generate_cold_start", ["--config", str(ROOT / "recipes/tiny/cold_start.yaml"), "--teacher", "x"],
+         "error: Some specified arguments are not used by the HfArgumentParser"),
+    ]  # fmt: skip
+
+
+def test_each_mistake_ends_in_one_line_that_names_it(inputs, capsys, monkeypatch):
+    folder, model = inputs
+    table = rows(folder, model)
+    assert len(table) >= 10
+    for script, arguments, expected in table:
+        monkeypatch.setattr(sys, "argv", [f"scripts/{script}.py", *arguments])
+        with pytest.raises(SystemExit) as ended:
+            runpy.run_path(str(ROOT / "scripts" / f"{script}.py"), run_name="__main__")
+        stderr = capsys.readouterr().err
+        lines = stderr.strip().splitlines()
+        assert ended.value.code == 2, (script, arguments, stderr[-2000:])
+        assert "Traceback" not in stderr and "usage:" not in stderr, (script, arguments, stderr[-2000:])
+        assert lines[-1].startswith(expected), (script, arguments, lines[-1])
+        assert [line for line in lines if line.startswith("error:")] == [lines[-1]]  # said once, last
+
+
+def test_a_base_without_tags_is_sent_to_add_special_tokens(inputs, capsys, monkeypatch):
+    folder, model = inputs
+    arguments = ["--config", str(GRPO), "--model_name_or_path", str(folder / "no_tags"), "--output_dir", str(folder)]
+    monkeypatch.setattr(sys, "argv", ["scripts/grpo.py", *arguments])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(ROOT / "scripts" / "grpo.py"), run_name="__main__")
+    assert "scripts/add_special_tokens.py" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def run_script(command: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_a_missing_model_folder_fails_before_the_heavy_imports(tmp_path):
+    """The folder is checked right after parsing: the process never loads TRL's trainers, vLLM or datasets (which
+    is what makes it fail in seconds, not after a minute of Hub lookups), and the line is the last thing said."""
+    command = [sys.executable, "-X", "importtime", str(ROOT / "scripts/grpo.py"), "--config", str(GRPO),
+               "--model_name_or_path", "./typo", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    result = run_script(command, tmp_path)
+    assert result.returncode == 2
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    assert "trl.trainer.base_config" in imported  # the parse happened (the check is meaningful)
+    assert not {"vllm", "trl.trainer.grpo_trainer", "datasets", "parallel_r1.trainers"} & imported
+    said = [line for line in result.stderr.splitlines() if not line.startswith("import time")]
+    assert said == ["error: model folder ./typo does not exist (a Hub id is written owner/name)"]
+
+
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        (["--model_name_or_path", "./typo"], "error: model folder ./typo does not exist"),
+        (["--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two'"),
+    ],
+)
+def test_under_accelerate_launch_quiet_the_line_is_the_end(tmp_path, arguments, expected):
+    """`accelerate launch -q` prints the child's output and no launcher traceback; it exits 1 for any failed child
+    (its own code), and without -q it adds its traceback (CalledProcessError) after the line."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--config_file",
+               str(ROOT / "accelerate_configs/cpu.yaml"), str(ROOT / "scripts/grpo.py"), "--config", str(GRPO),
+               "--output_dir", str(tmp_path / "out"), *arguments]  # fmt: skip
+    result = run_script(command, tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(expected)
