@@ -43,7 +43,7 @@ tests=${PIPESTATUS[0]}
 set -e
 
 echo "== rollout benchmark on CUDA"
-timeout 240 "$PYTHON" benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --repeats 2 \
+timeout 240 "$PYTHON" benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --repeats 2 --backends transformers \
     --out "$RESULTS/gpu-rollout.md"
 
 echo "== training-forward memory at 4096 tokens, Qwen3-4B shape, bf16"
