@@ -33,3 +33,12 @@ def check_model_path(name: str | None, what: str = "model") -> None:
     local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name.split("/")[0]).is_dir()
     if local and not path.exists():
         raise FileNotFoundError(f"{what} folder {name} does not exist (a Hub id is written owner/name)")
+
+
+class OneLineErrors:
+    """Put before an argparse parser class: a bad flag or value ends in one line `error: ...` (exit 2), as the
+    scripts' other mistakes do, instead of argparse's usage page (`--help` prints it)."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)

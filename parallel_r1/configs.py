@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
 
+from .cli import OneLineErrors
 from .cold_start.config import ColdStartConfig
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import RolloutConfig
@@ -23,26 +25,50 @@ ATTENTION = ("causal", "isolated", "tree")
 ROLLOUT_MODES = ("fork", "sequential", "trl")
 
 
-class RecipeParser(TrlParser):
+class RecipeParser(OneLineErrors, TrlParser):
     """TRL's parser, with a user's mistake said in one line: a bad flag or value ends in `error: ...` (exit 2)
-    instead of argparse's page of usage, and a recipe that is missing or is not YAML is named. Its --help ends with
-    `--config`, which TrlParser reads before parsing, so that it is not one of the parser's own arguments."""
+    instead of argparse's page of usage, and a recipe that is missing, given twice or not YAML is named. The recipe
+    (`--config FILE` or `--config=FILE`) is kept in `recipe` for the model card. Its --help ends with `--config`,
+    which TrlParser reads before parsing, so that it is not one of the parser's own arguments."""
 
     def __init__(self, classes: tuple):
         super().__init__(classes)
         self.epilog = "--config RECIPE.yaml   a recipe: its keys fill the fields above; flags given here win."
+        self.recipe: str | None = None
 
-    def error(self, message: str):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-    def parse_args_and_config(self, *args, **kwargs):
+    def parse_args_and_config(self, args=None, **kwargs):
+        args, self.recipe = take_recipe(list(sys.argv[1:] if args is None else args))
+        if self.recipe is not None:
+            args = ["--config", self.recipe, *args]
         try:
-            return super().parse_args_and_config(*args, **kwargs)
-        except FileNotFoundError as problem:
-            raise FileNotFoundError(f"recipe {problem.filename} does not exist") from None
+            return super().parse_args_and_config(args, **kwargs)
         except yaml.YAMLError as problem:
-            raise ValueError(f"the recipe is not valid YAML: {' '.join(str(problem).split())}") from None
+            raise ValueError(f"recipe {self.recipe} is not valid YAML: {' '.join(str(problem).split())}") from None
+
+
+def take_recipe(args: list[str]) -> tuple[list[str], str | None]:
+    """The arguments without `--config FILE` (or `--config=FILE`), and FILE, checked: one, there, a file."""
+    rest, recipes = [], []
+    arguments = iter(args)
+    for arg in arguments:
+        if arg == "--config":
+            recipes.append(next(arguments, None))
+            if recipes[-1] is None:
+                raise ValueError("--config needs a recipe file: --config RECIPE.yaml")
+        elif arg.startswith("--config="):
+            recipes.append(arg.removeprefix("--config="))
+        else:
+            rest.append(arg)
+    if len(recipes) > 1:
+        raise ValueError(f"--config is given {len(recipes)} times ({', '.join(recipes)}): give one recipe")
+    if not recipes:
+        return rest, None
+    recipe = Path(recipes[0])
+    if not recipe.exists():
+        raise FileNotFoundError(f"recipe {recipe} does not exist")
+    if not recipe.is_file():
+        raise ValueError(f"recipe {recipe} is not a file (a YAML recipe, e.g. recipes/tiny/sft.yaml)")
+    return rest, str(recipe)
 
 
 # --------------------------------------------------------------------------- stage 1: SFT
@@ -135,7 +161,7 @@ class ParallelGRPOConfig(GRPOConfig):
         metadata={
             "help": "'isolated' (Unseen: paths never see each other), 'causal' (Seen) or 'tree' (paths as isolated, "
             "what follows reads them as written: what vLLM samples in fork mode, trained exactly).",
-            "choices": ["isolated", "causal", "tree"],
+            "choices": list(ATTENTION),
         },
     )
     rollout_mode: str = field(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import transformers
@@ -124,13 +123,6 @@ def train_and_save(
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
-
-
-def recipe_path(argv: list[str] | None = None) -> str | None:
-    """The recipe that `--config` names on the command line (`sys.argv` by default); TrlParser reads it and keeps no
-    record of it."""
-    argv = sys.argv[1:] if argv is None else argv
-    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
 
 
 def _plot_curves(output_dir: Path) -> None:

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ParallelSettings:
-    """What decides how a parallel-thinking model is sampled (defaults: the Unseen recipes')."""
+    """What decides how a parallel-thinking model is sampled. The defaults, the paper's (3000-token budgets), are
+    also what a model that recorded none is sampled with."""
 
     attention: str = "isolated"
     prompt_template: str = "parallel"
@@ -53,16 +54,16 @@ def write_settings(folder: str, settings: ParallelSettings) -> None:
     (Path(folder) / SETTINGS_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
 
 
-def read_settings(model_path: str, revision: str | None = None, defaults: ParallelSettings | None = None,
-                  **overrides) -> ParallelSettings:  # fmt: skip
-    """The settings a saved model recorded, `defaults` (`ParallelSettings()` unless given) where it recorded none,
-    then `overrides` (None values are ignored)."""
-    defaults = defaults or ParallelSettings()
+def read_settings(model_path: str, revision: str | None = None, **overrides) -> ParallelSettings:
+    """The settings a saved model recorded, `ParallelSettings`' defaults where it recorded none, then `overrides`
+    (None values are ignored)."""
     recorded = _recorded(model_path, revision)
     if recorded is None:
-        logger.warning("%s records no parallel settings: sampling with the defaults %s", model_path, defaults)
+        logger.warning(
+            "%s records no parallel settings: sampling with the defaults %s", model_path, ParallelSettings()
+        )
     known = {f.name for f in fields(ParallelSettings)}
-    values = {**asdict(defaults), **{k: v for k, v in (recorded or {}).items() if k in known}}
+    values = {k: v for k, v in (recorded or {}).items() if k in known}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ParallelSettings(**values)
 

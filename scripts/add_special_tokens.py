@@ -21,12 +21,16 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from parallel_r1.cli import run
+from parallel_r1.cli import OneLineErrors, run
 from parallel_r1.data import PLAIN_CHAT_TEMPLATE
 from parallel_r1.tokens import add_parallel_tokens, tag_ids
 
 logger = logging.getLogger(__name__)
 RESERVED_PADS = ("<|finetune_right_pad_id|>", "<pad>")  # padding tokens some bases reserve without naming them
+
+
+class ArgumentParser(OneLineErrors, HfArgumentParser):
+    """transformers' parser; a bad flag or value ends in one line."""
 
 
 @dataclass
@@ -91,4 +95,4 @@ def chat_template(name: str) -> str:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    run(lambda: main(*HfArgumentParser(Arguments).parse_args_into_dataclasses()))
+    run(lambda: main(*ArgumentParser(Arguments).parse_args_into_dataclasses()))

@@ -18,7 +18,11 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from parallel_r1.cli import run
+from parallel_r1.cli import OneLineErrors, run
+
+
+class ArgumentParser(OneLineErrors, HfArgumentParser):
+    """transformers' parser; a bad flag or value ends in one line."""
 
 
 @dataclass
@@ -61,7 +65,7 @@ def read_problems(path: str) -> list[str]:
 
 
 def main() -> None:
-    (args,) = HfArgumentParser(GenerateArguments).parse_args_into_dataclasses()
+    (args,) = ArgumentParser(GenerateArguments).parse_args_into_dataclasses()
     from parallel_r1.sampling import ParallelSampler
 
     overrides = {k: getattr(args, k) for k in ("attention", "prompt_template", "rollout_mode", "num_paths",

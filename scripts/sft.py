@@ -65,12 +65,13 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
 
 
 def cli() -> None:
-    script_args, training_args, model_args = sft_parser().parse_args_and_config()
+    parser = sft_parser()
+    script_args, training_args, model_args = parser.parse_args_and_config()
     check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
-    from parallel_r1.launch import recipe_path, setup_logging
+    from parallel_r1.launch import setup_logging
 
     setup_logging(training_args)
-    main(script_args, training_args, model_args, recipe_path())  # the model card names the recipe
+    main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
 
 
 if __name__ == "__main__":

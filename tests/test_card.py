@@ -13,9 +13,10 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.data import load_sft_traces
+from parallel_r1.sampling import ParallelSettings
 from parallel_r1.tokens import tag_ids
 from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
-from parallel_r1.trainers.card import eval_recipe, hub_id
+from parallel_r1.trainers.card import eval_command, eval_recipe, hub_id
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD_TAGS = {"trl", "parallel-r1", "parallel-thinking"}
@@ -79,7 +80,8 @@ def test_sft_saves_a_card_of_the_run_without_any_checkpoint(monkeypatch, tiny_di
     assert f'ParallelSampler("{out}")' in code_block(text, "python")
     assert code_block(text, "bash").splitlines() == [
         f'python scripts/generate.py --model_name_or_path {out} --prompt "What is 17 * 23?"',
-        f"python scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path {out}",
+        f"python scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path {out}"
+        + "".join(f" --{k} {v}" for k, v in vars(ParallelSettings(**recorded)).items()),
     ]
 
 
@@ -133,8 +135,14 @@ def test_hub_ids_are_owner_slash_name_and_not_local(tmp_path, monkeypatch):
         assert hub_id(local) is None, local
 
 
-def test_the_evaluation_recipe_is_the_training_recipes_neighbour(monkeypatch):
+def test_the_evaluation_command_takes_a_neighbouring_recipe_and_the_recorded_settings(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert eval_recipe("recipes/tiny/grpo.yaml") == "recipes/tiny/eval.yaml"
+    seen = {"attention": "causal", "rollout_mode": "sequential", "num_paths": 2}  # the recipe's isolated/fork lose
+    assert eval_command("recipes/Qwen3-4B-Base/sft/seen.yaml", "you/m", seen) == (
+        "python scripts/evaluate.py --config recipes/Qwen3-4B-Base/eval/paper.yaml --model_name_or_path you/m"
+        " --attention causal --rollout_mode sequential --num_paths 2"
+    )
+    assert eval_command(None, "out", None).endswith("--model_name_or_path out")
     assert eval_recipe("recipes/Qwen3-4B-Base/grpo/unseen_s2.yaml") == "recipes/Qwen3-4B-Base/eval/paper.yaml"
     assert eval_recipe("recipes/Llama-3.2-3B/sft/unseen.yaml") == eval_recipe(None)  # none of its own: the paper's

@@ -103,7 +103,7 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
 
 
 def test_a_folder_without_config_json_is_read_offline(tmp_path):
-    """A PEFT adapter folder: its settings come from parallel_r1.json; a folder with neither: the defaults given."""
+    """A PEFT adapter folder: its settings come from parallel_r1.json; a folder with neither: the defaults."""
     from parallel_r1.sampling import ParallelSettings, read_settings, write_settings
 
     (tmp_path / "adapter" / "adapter_config.json").parent.mkdir()
@@ -111,15 +111,20 @@ def test_a_folder_without_config_json_is_read_offline(tmp_path):
     write_settings(str(tmp_path / "adapter"), ParallelSettings(num_paths=5))
     assert read_settings(str(tmp_path / "adapter"), max_blocks=1) == ParallelSettings(num_paths=5, max_blocks=1)
     (tmp_path / "empty").mkdir()
-    defaults = ParallelSettings(max_path_tokens=7)
-    assert read_settings(str(tmp_path / "empty"), defaults=defaults, num_paths=None) == defaults
+    assert read_settings(str(tmp_path / "empty"), num_paths=None) == ParallelSettings()
+    assert read_settings(str(tmp_path / "empty"), num_paths=3) == ParallelSettings(num_paths=3)
 
 
 @pytest.mark.parametrize("script", ["sft", "grpo", "evaluate", "generate_cold_start"])
-def test_help_lists_the_recipe_flag(script):
-    result = subprocess.run([sys.executable, f"scripts/{script}.py", "--help"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+def test_help_lists_the_recipe_flag_and_loads_no_trainer(script):
+    """--help is quick because it loads only the parser: no TRL trainer, vLLM, datasets or evaluation runner."""
+    result = subprocess.run([sys.executable, "-X", "importtime", f"scripts/{script}.py", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0 and "--config RECIPE.yaml" in result.stdout
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    assert "trl.trainer.base_config" in imported  # the import log is read (the check is meaningful)
+    heavy = {"vllm", "trl.trainer.grpo_trainer", "trl.trainer.sft_trainer", "datasets", "parallel_r1.trainers"}
+    assert not heavy & imported and "parallel_r1.evaluation.runner" not in imported
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: make gpu-check runs for real")

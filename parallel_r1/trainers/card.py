@@ -17,8 +17,8 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from ..evaluation.runner import versions
 from ..sampling import CONFIG_KEY
+from ..versions import versions
 
 CARD_TAGS = ["parallel-r1", "parallel-thinking"]
 ATTENTION_NOTES = {
@@ -34,9 +34,9 @@ STAGE_ARGS = {
     "SFT": ("max_length",),
     "GRPO": ("num_generations", "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high"),
 }
-CARD_METRICS = ("loss", "reward", "reward_std", "parallel/ratio", "parallel/format_valid", "parallel/blocks_per_completion",
-                "parallel/critical_over_total", "completions/mean_length", "mean_token_accuracy", "entropy",
-                "grad_norm", "learning_rate")  # fmt: skip
+CARD_METRICS = ("loss", "reward", "reward_std", "parallel/ratio", "parallel/format_valid",
+                "parallel/blocks_per_completion", "parallel/critical_over_total", "completions/mean_length",
+                "mean_token_accuracy", "entropy", "grad_norm", "learning_rate")  # fmt: skip
 PAPER_EVAL = "recipes/Qwen3-4B-Base/eval/paper.yaml"
 EXAMPLE = "What is 17 * 23?"
 
@@ -86,11 +86,12 @@ for rollout in sampler.answer(["{{ example }}"]):
     print(sampler.text(rollout))  # tags kept whole
 ```
 
-or from the command line, then evaluated (the model's settings fill whatever the evaluation recipe leaves unset):
+or from the command line, then evaluated (the settings above given as flags, since an evaluation recipe sets its
+own):
 
 ```bash
 python scripts/generate.py --model_name_or_path {{ location }} --prompt "{{ example }}"
-python scripts/evaluate.py --config {{ eval_recipe }} --model_name_or_path {{ location }}
+{{ eval_command }}
 ```
 
 ## Framework versions
@@ -118,7 +119,7 @@ def model_card(trainer, model_name: str | None = None, dataset_name: str | None 
     args, config = trainer.args, trainer.model.config
     stage = trainer._name  # TRL's name of the trainer: "SFT" or "GRPO"
     base = getattr(config, "_name_or_path", "") or None
-    location = trainer.hub_model_id or args.hub_model_id or args.output_dir
+    location = (args.hub_model_id or trainer.hub_model_id) if args.push_to_hub else args.output_dir
     model_name = model_name or location.rstrip("/").split("/")[-1]
     extra_tags = [tags] if isinstance(tags, str) else list(tags or [])  # push_to_hub passes the model's tags
     dataset = hub_id(dataset_name)
@@ -149,7 +150,7 @@ def model_card(trainer, model_name: str | None = None, dataset_name: str | None 
         metrics=_metrics_table(trainer.state.log_history),
         location=location,
         example=EXAMPLE,
-        eval_recipe=eval_recipe(trainer.recipe),
+        eval_command=eval_command(trainer.recipe, location, getattr(config, CONFIG_KEY, None)),
         versions="\n".join(f"- {name}: {version}" for name, version in versions().items()),
     )
 
@@ -163,6 +164,13 @@ def hub_id(name: str | None) -> str | None:
     except HFValidationError:
         return None
     return name
+
+
+def eval_command(recipe: str | None, location: str, settings: dict | None) -> str:
+    """`scripts/evaluate.py` on an evaluation recipe of the training recipe's model (`eval_recipe`), with the recorded
+    sampling settings as flags: the recipe's own would otherwise sample, say, a Seen model as Unseen."""
+    flags = "".join(f" --{name} {value}" for name, value in (settings or {}).items())
+    return f"python scripts/evaluate.py --config {eval_recipe(recipe)} --model_name_or_path {location}{flags}"
 
 
 def eval_recipe(recipe: str | None) -> str:
@@ -200,8 +208,8 @@ def _rollout_table(settings: dict | None) -> str:
         return "None recorded in the model's config: samplers fall back to their defaults."
     rows = [(f"`{name}`", f"`{value}`") for name, value in settings.items()]
     note = (
-        f"Recorded in `config.json` (`{CONFIG_KEY}`) and `parallel_r1.json`: the sampler, `scripts/generate.py` "
-        "and `scripts/evaluate.py` use them unless told otherwise.\n\n"
+        f"Recorded in `config.json` (`{CONFIG_KEY}`; in `parallel_r1.json` too next to the final model): the sampler, "
+        "`scripts/generate.py` and `scripts/evaluate.py` use them unless told otherwise.\n\n"
     )
     return note + _table(("Setting", "Value"), rows)
 
@@ -220,9 +228,9 @@ def _training_table(trainer, stage: str) -> str:
 
 
 def _metrics_table(log_history: list) -> str:
-    """The main numbers of the last training log (not the end-of-run summary): `CARD_METRICS` and each reward's
-    mean."""
-    logs = [entry for entry in log_history if "train_runtime" not in entry]
+    """The main numbers of the last training log (one with the loss: not an evaluation's or the end-of-run
+    summary): `CARD_METRICS` and each reward's mean."""
+    logs = [entry for entry in log_history if "loss" in entry]
     if not logs:
         return "Nothing was logged."
     last = logs[-1]
