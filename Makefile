@@ -43,7 +43,7 @@ demo-ablation: install
 	$(PY) scripts/demo.py --ablation
 
 # Speed comparisons and the fuzz drill: each rewrites its file in benchmarks/results/ (machine, command, target met
-# or not); about 1 h 45 min on 2 CPU cores, the fuzz drill taking an hour of it
+# or not); about 1 h 20 min on 2 shared CPU cores, the fuzz drill (100,000 inputs) an hour of it
 bench: install
 	$(PY) benchmarks/bench_rewards.py
 	$(PY) benchmarks/bench_rollout.py --threads 1
