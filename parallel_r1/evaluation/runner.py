@@ -71,13 +71,15 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
                 for start in range(0, len(mine), config.batch_size):
                     batch = mine[start : start + config.batch_size]
                     prompts = [prompt_ids(tokenizer, problems[i]["prompt"]) for i, _ in batch]
-                    outputs = sampler.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
-                    writer.write(
-                        [
+                    try:
+                        outputs = sampler.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
+                        scored = [
                             rec.score(rows[i], s, ids, finish, tokenizer, vocab)
                             for (i, s), (ids, finish) in zip(batch, outputs)
                         ]
-                    )
+                    except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: the traceback
+                        raise RuntimeError(f"sampling stopped: {error}") from error
+                    writer.write(scored)
                     bar.update(len(batch))
                 bar.close()
     finally:
