@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
 
-from .cli import OneLineErrors
+from .cli import OneLineErrors, take_recipe
 from .cold_start.config import ColdStartConfig
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import RolloutConfig
@@ -44,31 +43,6 @@ class RecipeParser(OneLineErrors, TrlParser):
             return super().parse_args_and_config(args, **kwargs)
         except yaml.YAMLError as problem:
             raise ValueError(f"recipe {self.recipe} is not valid YAML: {' '.join(str(problem).split())}") from None
-
-
-def take_recipe(args: list[str]) -> tuple[list[str], str | None]:
-    """The arguments without `--config FILE` (or `--config=FILE`), and FILE, checked: one, there, a file."""
-    rest, recipes = [], []
-    arguments = iter(args)
-    for arg in arguments:
-        if arg == "--config":
-            recipes.append(next(arguments, None))
-            if recipes[-1] is None:
-                raise ValueError("--config needs a recipe file: --config RECIPE.yaml")
-        elif arg.startswith("--config="):
-            recipes.append(arg.removeprefix("--config="))
-        else:
-            rest.append(arg)
-    if len(recipes) > 1:
-        raise ValueError(f"--config is given {len(recipes)} times ({', '.join(recipes)}): give one recipe")
-    if not recipes:
-        return rest, None
-    recipe = Path(recipes[0])
-    if not recipe.exists():
-        raise FileNotFoundError(f"recipe {recipe} does not exist")
-    if not recipe.is_file():
-        raise ValueError(f"recipe {recipe} is not a file (a YAML recipe, e.g. recipes/tiny/sft.yaml)")
-    return rest, str(recipe)
 
 
 # --------------------------------------------------------------------------- stage 1: SFT

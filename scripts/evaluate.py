@@ -12,14 +12,16 @@ completions.jsonl; an interrupted run restarted with the same arguments samples 
 
 import logging
 
-from parallel_r1.cli import check_model_path, run
-from parallel_r1.configs import eval_parser
+from parallel_r1.cli import check_model_path, check_named_model, run
 
 
 def main() -> None:
+    check_named_model()  # a mistyped model folder fails before the parse loads torch and transformers
+    from parallel_r1.configs import eval_parser
+
     config, model_args = eval_parser().parse_args_and_config()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
+    check_model_path(model_args.model_name_or_path)  # however it was named, before the runner loads
     from parallel_r1.evaluation.runner import evaluate  # after parsing: --help answers without loading it
 
     evaluate(config, model_args)

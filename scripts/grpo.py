@@ -12,11 +12,10 @@ logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL
 
 import logging
 
-from parallel_r1.cli import check_model_path, run
-from parallel_r1.configs import grpo_parser
+from parallel_r1.cli import check_model_path, check_named_model, run
 
-# The rest is imported after the arguments are parsed: --help and a bad flag answer without loading TRL's trainers
-# (and vLLM with them).
+# The rest is imported as it is needed: a mistyped model folder fails before the parse, and --help and a bad flag
+# answer without loading TRL's trainers (and vLLM with them).
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +91,12 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
 
 
 def cli() -> None:
+    check_named_model()  # a mistyped model folder fails before the parse loads torch and transformers
+    from parallel_r1.configs import grpo_parser
+
     parser = grpo_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
+    check_model_path(model_args.model_name_or_path)  # however it was named, before the trainers load
     from parallel_r1.launch import setup_logging
 
     setup_logging(training_args)

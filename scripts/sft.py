@@ -10,10 +10,10 @@ resuming (`--resume_from_checkpoint <dir>`, or `true` for the newest checkpoint 
 `hub_model_id`) are TRL's and transformers' own.
 """
 
-from parallel_r1.cli import check_model_path, run
-from parallel_r1.configs import sft_parser
+from parallel_r1.cli import check_model_path, check_named_model, run
 
-# The rest is imported after the arguments are parsed: --help and a bad flag answer without loading TRL's trainers.
+# The rest is imported as it is needed: a mistyped model folder fails before the parse, and --help and a bad flag
+# answer without loading TRL's trainers.
 
 
 def load_traces(script_args, training_args, tokenizer, split):
@@ -65,9 +65,12 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
 
 
 def cli() -> None:
+    check_named_model()  # a mistyped model folder fails before the parse loads torch and transformers
+    from parallel_r1.configs import sft_parser
+
     parser = sft_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    check_model_path(model_args.model_name_or_path)  # before the heavy imports: a typo fails in seconds
+    check_model_path(model_args.model_name_or_path)  # however it was named, before the trainers load
     from parallel_r1.launch import setup_logging
 
     setup_logging(training_args)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from parallel_r1.cli import named_model
+
 ROOT = Path(__file__).resolve().parents[1]
 SFT, GRPO = ROOT / "recipes/tiny/sft.yaml", ROOT / "recipes/tiny/grpo.yaml"
 
@@ -81,18 +83,29 @@ def run_script(command: list[str], tmp_path: Path) -> subprocess.CompletedProces
     return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
-def test_a_missing_model_folder_fails_before_the_heavy_imports(tmp_path):
-    """The folder is checked right after parsing: the process never loads TRL's trainers, vLLM or datasets (which
-    is what makes it fail in seconds, not after a minute of Hub lookups), and the line is the last thing said."""
-    command = [sys.executable, "-X", "importtime", str(ROOT / "scripts/grpo.py"), "--config", str(GRPO),
-               "--model_name_or_path", "./typo", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+@pytest.mark.parametrize("named", [["--model_name_or_path", "./typo"], ["--model-name-or-path=./typo"], []])
+def test_a_missing_model_folder_fails_before_the_parse(tmp_path, named):
+    """The folder a flag or the recipe names is checked before the parse: the process never imports torch, TRL or
+    transformers (which is what makes it fail in a fraction of a second), and the line is all it says."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(GRPO.read_text().replace("model_name_or_path: outputs/tiny-sft", "model_name_or_path: ./typo"))
+    assert "./typo" in recipe.read_text()
+    command = [sys.executable, "-X", "importtime", str(ROOT / "scripts/grpo.py"), "--config", str(recipe), *named,
+               "--output_dir", str(tmp_path / "out")]  # fmt: skip
     result = run_script(command, tmp_path)
     assert result.returncode == 2
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
-    assert "trl.trainer.base_config" in imported  # the parse happened (the check is meaningful)
-    assert not {"vllm", "trl.trainer.grpo_trainer", "datasets", "parallel_r1.trainers"} & imported
+    assert "parallel_r1.cli" in imported  # the import log is read (the check is meaningful)
+    assert not {"torch", "trl", "transformers", "vllm", "datasets"} & imported
     said = [line for line in result.stderr.splitlines() if not line.startswith("import time")]
     assert said == ["error: model folder ./typo does not exist (a Hub id is written owner/name)"]
+
+
+def test_the_model_a_command_line_names():
+    assert named_model(["--config", str(GRPO)]) == "outputs/tiny-sft"  # the recipe's
+    assert named_model(["--config", str(GRPO), "--model_name_or_path", "a/b"]) == "a/b"  # the flag wins
+    assert named_model(["--model_name_or_path", "a/b", "--model-name-or-path=c/d"]) == "c/d"  # the last flag
+    assert named_model(["--output_dir", "x"]) is None and named_model(["--model_name_or_path"]) is None
 
 
 @pytest.mark.parametrize(
