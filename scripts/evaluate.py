@@ -12,7 +12,7 @@ completions.jsonl; an interrupted run restarted with the same arguments samples 
 
 import logging
 
-from parallel_r1.cli import check_model_path, check_named_model, run
+from parallel_r1.cli import check_named_model, run
 
 
 def main() -> None:
@@ -21,7 +21,6 @@ def main() -> None:
 
     config, model_args = eval_parser().parse_args_and_config()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    check_model_path(model_args.model_name_or_path)  # however it was named, before the runner loads
     from parallel_r1.evaluation.runner import evaluate  # after parsing: --help answers without loading it
 
     evaluate(config, model_args)

@@ -12,7 +12,7 @@ logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL
 
 import logging
 
-from parallel_r1.cli import check_model_path, check_named_model, run
+from parallel_r1.cli import check_named_model, run
 
 # The rest is imported as it is needed: a mistyped model folder fails before the parse, and --help and a bad flag
 # answer without loading TRL's trainers (and vLLM with them).
@@ -96,7 +96,6 @@ def cli() -> None:
 
     parser = grpo_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    check_model_path(model_args.model_name_or_path)  # however it was named, before the trainers load
     from parallel_r1.launch import setup_logging
 
     setup_logging(training_args)
