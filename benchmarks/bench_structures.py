@@ -43,10 +43,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from bench_common import use_vllm_cpu, write_results
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+use_vllm_cpu()
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 # Qwen/Qwen3-4B's config.json, less what a random model does not need (rope theta 1e6, tied embeddings as there).
@@ -405,9 +404,7 @@ def main() -> None:
                          f" {g['blocks']:.2f} |")  # fmt: skip
     elif args.out.exists() and VLLM_HEADER in args.out.read_text():  # kept from the run that measured it
         lines += ["", args.out.read_text()[args.out.read_text().index(VLLM_HEADER) :].rstrip()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import platform
 import statistics
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 import transformers
 import trl
+from bench_common import cpu_machine, write_results
 from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -186,19 +186,12 @@ def train_in_turns(trainers: dict, turns: Turns) -> None:
         raise failures[0]
 
 
-def machine() -> str:
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores (other jobs may share them: read the times as upper "
-        f"bounds), torch threads: {torch.get_num_threads()}, torch {torch.__version__}"
-    )
-
-
 def report(times: dict, args, command: str) -> str:
     stock = times["stock"]["steps"]
     lines = [
         "# Trainer overhead: a ParallelGRPOTrainer step vs a stock GRPOTrainer step",
         "",
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()}; Python {platform.python_version()}, "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {cpu_machine()}; Python {platform.python_version()}, "
         f"transformers {transformers.__version__}, TRL {trl.__version__}.",
         f"Command: `{command}`.",
         "",
@@ -291,9 +284,7 @@ def main() -> None:
 
     command = " ".join(["python benchmarks/bench_trainer.py", *sys.argv[1:]])
     text = report(times, args, command)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_results(args.out, text)
 
 
 if __name__ == "__main__":
