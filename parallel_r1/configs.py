@@ -9,6 +9,7 @@ parsing (and `--help`) loads no trainer.
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field
 
@@ -20,8 +21,12 @@ from .cold_start.config import ColdStartConfig
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import RolloutConfig
 
+logger = logging.getLogger(__name__)
+
 ATTENTION = ("causal", "isolated", "tree")
 ROLLOUT_MODES = ("fork", "sequential", "trl")
+PER_TOKEN_CORRECTIONS = ("token_truncate", "token_mask")
+LONG_COMPLETION_TOKENS = 256  # past this, a sequence-level correction drops completions for their length alone
 
 
 class RecipeParser(OneLineErrors, TrlParser):
@@ -166,6 +171,17 @@ class ParallelGRPOConfig(GRPOConfig):
         metadata={"help": "Benchmarks of the in-training evaluation, as name@k (see scripts/evaluate.py)."},
     )
     parallel_eval_problems: int = field(default=32, metadata={"help": "Problems per benchmark in that evaluation."})
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={
+            "help": "How TRL corrects the vLLM sampler / trainer gap: 'token_truncate' (our default: each token's "
+            "weight is clipped at vllm_importance_sampling_clip_max, the completion stays), 'token_mask', "
+            "'sequence_truncate' or 'sequence_mask' (TRL's default). A sequence mode sums the per-token gaps of a "
+            "completion, so long answers, and those whose blocks carry a gap, are dropped whole and from one side "
+            "only (trl #5814).",
+            "choices": [*PER_TOKEN_CORRECTIONS, "sequence_truncate", "sequence_mask"],
+        },
+    )
     measure_sampling_mismatch: bool = field(
         default=True,
         metadata={
@@ -190,6 +206,7 @@ class ParallelGRPOConfig(GRPOConfig):
             )
         if self.rollout_mode != "trl":
             self.rollout_config()  # fail at start-up on bad budgets
+        self._warn_on_a_sequence_correction()
         if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
             raise ValueError("parallel_eval_steps must be >= 0 and parallel_eval_problems >= 1")
         if self.parallel_eval_steps and not self.ds3_gather_for_generation:
@@ -220,6 +237,20 @@ class ParallelGRPOConfig(GRPOConfig):
                     "scores the completion without it (an uncorrected off-policy gap): leave it at its default "
                     f"with rollout_mode={self.rollout_mode!r}"
                 )
+
+    def _warn_on_a_sequence_correction(self) -> None:
+        """A sequence-level correction multiplies the per-token ratios of a whole completion: over hundreds of tokens
+        even bf16 noise (~4e-4 nats a token) sums past the clip, and the completion leaves the loss."""
+        sequence_level = self.vllm_importance_sampling_mode not in PER_TOKEN_CORRECTIONS
+        corrected = self.use_vllm and self.vllm_importance_sampling_correction
+        if corrected and sequence_level and (self.max_completion_length or 0) > LONG_COMPLETION_TOKENS:
+            logger.warning(
+                "vllm_importance_sampling_mode=%r weighs a completion by the product of its %d tokens' ratios: long "
+                "completions are dropped whole once their summed gap passes ln(clip_max), and only when the trainer "
+                "likes them more than vLLM did (trl #5814). Use a per-token mode (token_truncate).",
+                self.vllm_importance_sampling_mode,
+                self.max_completion_length,
+            )
 
     @property
     def optimizer_steps_per_generation(self) -> int:

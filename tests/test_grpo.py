@@ -172,6 +172,27 @@ def test_bad_settings_fail_at_start(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "settings, warned",
+    [
+        (dict(vllm_importance_sampling_mode="sequence_mask", max_completion_length=3000), True),
+        (dict(vllm_importance_sampling_mode="sequence_truncate", max_completion_length=512), True),
+        (dict(vllm_importance_sampling_mode="sequence_mask", max_completion_length=128), False),  # short: harmless
+        (dict(max_completion_length=3000), False),  # the default corrects per token
+        (dict(vllm_importance_sampling_mode="token_mask", max_completion_length=3000), False),
+        (dict(vllm_importance_sampling_mode="sequence_mask", max_completion_length=3000, use_vllm=False), False),
+    ],
+)
+def test_a_sequence_level_correction_of_long_vllm_completions_is_warned(tmp_path, caplog, settings, warned):
+    """TRL's default (sequence_mask) sums a completion's per-token gaps: long answers are dropped whole (trl #5814).
+    Ours defaults to token_truncate and says so when a sequence mode meets long completions under vLLM."""
+    settings = {"use_vllm": True, "max_path_tokens": 64, "max_summary_tokens": 32, **settings}
+    with caplog.at_level("WARNING", logger="parallel_r1.configs"):
+        args = config(tmp_path, **settings)
+    assert ("per-token mode" in caplog.text) is warned
+    assert args.vllm_importance_sampling_mode == settings.get("vllm_importance_sampling_mode", "token_truncate")
+
+
+@pytest.mark.parametrize(
     "option",
     [
         dict(top_p=0.9),

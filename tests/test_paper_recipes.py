@@ -123,8 +123,8 @@ DEVIATIONS = {
     "(scripts/evaluate.py on the final model; save_total_limit keeps only the last 2 checkpoints, which a 4B model "
     "with its optimizer makes ~56 GB each), the mid-training recipes every 10 generations",
     ("*", "vllm_importance_sampling_correction"): "vLLM samples what the trainer recomputes only up to bf16 kernels "
-    "and, for isolated paths, a causal re-reading of the paths for the summary: TRL's correction (its default mode, "
-    "sequence_mask, clip 3) weighs what cannot be matched, until the tree variant makes fork rollouts exact",
+    "and, for isolated paths, a causal re-reading of the paths for the summary: TRL's correction, per token "
+    "(token_truncate, clip 3), weighs what cannot be matched, until the tree variant makes fork rollouts exact",
     ("seen_dapo", "rollout_mode"): "fork under causal attention is not exact until the tree variant; sequential is",
     ("seen_gsm8k", "rollout_mode"): "as seen_dapo",
     ("*", "per_device_train_batch_size"): "SFT: 2 a GPU x 8 accumulation instead of 1 x 16, the same 128 a step",

@@ -85,6 +85,20 @@ def test_recipe_parses(stage, path):
     assert training_args.attention == raw["attention"]  # every recipe names its variant
 
 
+GRPO_RECIPES = STAGES["grpo"][0]
+
+
+@pytest.mark.parametrize("path", GRPO_RECIPES, ids=[str(p.relative_to(RECIPES)) for p in GRPO_RECIPES])
+def test_no_recipe_corrects_vllm_per_sequence(path):
+    """A recipe that samples with vLLM corrects per token: a sequence mode sums a completion's gaps and drops long
+    answers whole, from one side (the parallel runs and their baseline must be corrected alike)."""
+    _, args, _ = parse("grpo", path)
+    if args.use_vllm:
+        assert args.vllm_importance_sampling_correction
+        assert args.vllm_importance_sampling_mode in ("token_truncate", "token_mask"), path
+    assert ParallelGRPOConfig.__dataclass_fields__["vllm_importance_sampling_mode"].default == "token_truncate"
+
+
 def test_lora_recipe_builds_a_lora_config():
     _, _, model_args = parse("sft", RECIPES / "Qwen3-4B-Base" / "sft" / "unseen_lora.yaml")
     config = get_peft_config(model_args)
