@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 USER_ERRORS = (ValueError, FileNotFoundError)
@@ -24,16 +25,55 @@ def run(main: Callable[[], None]) -> None:
 
 
 def check_model_path(name: str | None, what: str = "model") -> None:
-    """Refuse an empty name, and a local folder that is not there at once, instead of letting transformers spend a
-    minute asking the Hub for it and then blame the network. A name is local when it starts with `/`, `.` or `~`,
-    has more than one `/`, or its first part is a folder here (`outputs/tiny-sft`); a Hub id (`Qwen/Qwen3-4B-Base`)
-    is none of these."""
+    """Refuse, in a few seconds, a model that can be loaded from nowhere, instead of letting transformers spend a
+    minute asking for it file by file and then blame the network. A folder that is there is taken. A name is local
+    when it starts with `/`, `.` or `~`, has more than one `/`, or its first part is a folder here
+    (`outputs/tiny-sft`); a missing local folder is refused at once. Any other name is a Hub id: it is taken when the
+    Hugging Face cache holds it, or when the Hub, asked once, has it (`hub_problem`)."""
     if not name:
         raise ValueError(f"model_name_or_path is required (a Hub id or a local {what} folder)")
     path = Path(name).expanduser()
+    if path.exists():
+        return
     local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name.split("/")[0]).is_dir()
-    if local and not path.exists():
+    if local:
         raise FileNotFoundError(f"{what} folder {name} does not exist (a Hub id is written owner/name)")
+    problem = hub_problem(name)
+    if problem:
+        raise FileNotFoundError(f"{what} {name} is not a local folder, and {problem}")
+
+
+HUB_TIMEOUT_S = 5.0  # one question to the Hub; an offline node that drops packets answers nothing
+
+
+@cache
+def hub_problem(name: str) -> str | None:
+    """Why `name` cannot come from the Hub, or None when it can: the cache holds its config (or tokenizer config),
+    or the Hub says it has the repository (a gated one included). Asked once a process, with a short timeout;
+    `HF_HUB_OFFLINE=1` (or `TRANSFORMERS_OFFLINE=1`) means the cache alone."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        if any(isinstance(try_to_load_from_cache(name, f), str) for f in ("config.json", "tokenizer_config.json")):
+            return None
+    except HFValidationError as error:
+        return f"not a valid Hub id either ({error})"
+    if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return "offline (HF_HUB_OFFLINE) the Hugging Face cache does not hold it: check the path, or download it first"
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return None  # it is there; loading it says what access it needs
+    except RepositoryNotFoundError:
+        return "the Hub has no such model: check the path or the id (a private one needs `hf auth login`)"
+    except Exception as error:  # noqa: BLE001  (no network, a timeout, a proxy or server error: all say the same)
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        return (
+            f"the Hub could not be reached to look for it ({reason}): check the path, the network, or set "
+            "HF_HUB_OFFLINE=1 to load from the cache"
+        )
+    return None
 
 
 class OneLineErrors:

@@ -3,15 +3,19 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import HfApi
 
-from parallel_r1.cli import check_model_path
+from parallel_r1 import cli
+from parallel_r1.cli import HUB_TIMEOUT_S, check_model_path, hub_problem
 from parallel_r1.launch import resume_target
 
 ROOT = Path(__file__).resolve().parents[1]
+REAL_MODEL_INFO = HfApi.model_info
 
 
 def test_resume_true_takes_the_newest_complete_checkpoint(tmp_path, caplog):
@@ -43,8 +47,107 @@ def test_a_missing_local_model_folder_is_refused_before_any_hub_lookup(tmp_path,
     for name in (str(tmp_path / "missing"), "./missing", "outputs/missing", "a/b/c"):
         with pytest.raises(FileNotFoundError, match="does not exist"):
             check_model_path(name)
-    check_model_path("Qwen/Qwen3-4B-Base")  # a Hub id: left to the Hub
     check_model_path(str(tmp_path))  # a folder that is there
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """The Hub as `hub_problem` asks it: an empty cache, online, and a `model_info` the test sets (called once)."""
+    from huggingface_hub import HfApi, constants
+
+    hub_problem.cache_clear()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    asked = []
+
+    def answer_with(reply):
+        def model_info(self, name, timeout=None, **kwargs):
+            asked.append((name, timeout))
+            if isinstance(reply, BaseException):
+                raise reply
+            return reply
+
+        monkeypatch.setattr(HfApi, "model_info", model_info)
+        return asked
+
+    yield answer_with
+    hub_problem.cache_clear()
+
+
+def _http_error(cls, status):
+    import httpx
+
+    response = httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/api/models/a/b"))
+    return cls("no", response=response)
+
+
+def test_a_hub_id_is_asked_of_the_hub_once(hub):
+    asked = hub(object())
+    check_model_path("Qwen/Qwen3-4B-Base")
+    check_model_path("Qwen/Qwen3-4B-Base")
+    assert asked == [("Qwen/Qwen3-4B-Base", HUB_TIMEOUT_S)]  # once, with the short timeout
+
+
+@pytest.mark.parametrize(
+    "reply, said",
+    [
+        ("RepositoryNotFoundError", "the Hub has no such model"),
+        ("GatedRepoError", None),  # there, behind a licence: loading it says so
+        (ConnectionError("Name or service not known"), "the Hub could not be reached to look for it (Name or service"),
+        (TimeoutError("timed out"), "the Hub could not be reached to look for it (timed out)"),
+    ],
+)
+def test_what_the_hub_answers_decides(hub, reply, said):
+    from huggingface_hub import errors
+
+    if isinstance(reply, str):
+        reply = _http_error(getattr(errors, reply), 404)
+    hub(reply)
+    if said is None:
+        check_model_path("you/gated")
+        return
+    with pytest.raises(FileNotFoundError, match="model you/typo is not a local folder, and ") as raised:
+        check_model_path("you/typo")
+    assert said in str(raised.value)
+
+
+def test_offline_only_the_cache_counts(hub, monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    asked = hub(object())
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="offline .HF_HUB_OFFLINE. the Hugging Face cache does not hold it"):
+        check_model_path("you/model")
+    snapshot = tmp_path / "cache" / "models--you--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "cache" / "models--you--cached" / "refs").mkdir()
+    (tmp_path / "cache" / "models--you--cached" / "refs" / "main").write_text("0" * 40)
+    check_model_path("you/cached")  # in the cache: taken, offline or not
+    assert asked == []  # and the Hub was never asked
+
+
+def test_a_hub_that_never_answers_is_given_up_in_seconds(hub, monkeypatch):
+    """A node whose firewall drops packets: the one question times out, it does not hang the run."""
+    import socket
+
+    from huggingface_hub import HfApi, constants
+
+    monkeypatch.setattr(HfApi, "model_info", REAL_MODEL_INFO)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()  # accepts, never answers
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setattr(cli, "HUB_TIMEOUT_S", 1.0)
+    began = time.monotonic()
+    try:
+        with pytest.raises(FileNotFoundError, match="could not be reached"):
+            check_model_path("you/silent")
+    finally:
+        server.close()
+    assert time.monotonic() - began < 5
 
 
 def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_prone_dir, tmp_path):

@@ -1,9 +1,11 @@
 """A mistake in the user's input ends a script with one line `error: ...` that names it, exit code 2, no traceback:
 a table of such mistakes, run in-process, and a few of them as a user runs them (a process, `accelerate launch`)."""
 
+import os
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,7 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
         ("sft", ["--config", str(SFT), "--config", str(SFT)], "error: --config is given 2 times"),
         ("sft", ["--model_name_or_path", model, "--config"], "error: --config needs a recipe file"),
         ("sft", ["--config", str(folder)], f"error: recipe {folder} is not a file"),
-        ("sft", [f"--config={SFT}", "--accelerator_config", str(folder / "none.json")], "error: [Errno 2] No such file or directory:"),
+        ("sft", [f"--config={SFT}", "--model_name_or_path", model, "--accelerator_config", str(folder / "none.json")], "error: [Errno 2] No such file or directory:"),
         ("grpo", [*grpo, "--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two' (see --help)"),
         ("grpo", [*grpo, "--attention", "sideways"], "error: argument --attention: invalid choice: 'sideways'"),
         ("grpo", [*grpo, "--num_pathz", "3"], "error: Some specified arguments are not used by the HfArgumentParser: ['--num_pathz', '3']"),
@@ -115,13 +117,30 @@ def test_the_model_a_command_line_names():
         (["--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two'"),
     ],
 )
-def test_under_accelerate_launch_quiet_the_line_is_the_end(tmp_path, arguments, expected):
+def test_under_accelerate_launch_quiet_the_line_is_the_end(tmp_path, tag_prone_dir, arguments, expected):
     """`accelerate launch -q` prints the child's output and no launcher traceback; it exits 1 for any failed child
     (its own code), and without -q it adds its traceback (CalledProcessError) after the line."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--config_file",
                str(ROOT / "accelerate_configs/cpu.yaml"), str(ROOT / "scripts/grpo.py"), "--config", str(GRPO),
-               "--output_dir", str(tmp_path / "out"), *arguments]  # fmt: skip
+               "--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(tag_prone_dir), *arguments]  # fmt: skip
     result = run_script(command, tmp_path)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(expected)
+
+
+@pytest.mark.parametrize("offline", ["0", "1"])
+def test_a_model_name_neither_here_nor_reachable_is_one_line(tmp_path, offline):
+    """In a fresh clone there is no outputs/ folder, so `outputs/no-such-model-dir` has the form of a Hub id. Whether
+    the Hub is unreachable (here) or HF_HUB_OFFLINE forbids it, the run ends in seconds with one line, exit 2, saying
+    the name is neither a local folder nor to be had from the Hub (transformers took 57 s and raised OSError)."""
+    command = [sys.executable, str(ROOT / "scripts/sft.py"), "--config", str(SFT), "--model_name_or_path",
+               "outputs/no-such-model-dir", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    began = time.monotonic()
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert time.monotonic() - began < 10
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: model outputs/no-such-model-dir is not a local folder, and ")
+    assert ("HF_HUB_OFFLINE" in line) and ("cache" in line)

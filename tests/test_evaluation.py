@@ -259,8 +259,9 @@ def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_p
         assert image.shape[0] > 200 and image.shape[1] > 400 and image.std() > 0  # a real, non-blank picture
 
 
-def test_a_bad_setting_is_one_line_through_the_script(tmp_path):
+def test_a_bad_setting_is_one_line_through_the_script(tmp_path, tag_prone_dir):
     command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml", "--benchmarks", "aime24"]
+    command += ["--model_name_or_path", str(tag_prone_dir)]  # whatever outputs/ holds
     result = subprocess.run(
         command + ["--output_dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
