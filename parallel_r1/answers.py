@@ -11,13 +11,28 @@ Extraction (`extract_answer`), on the completion with its tags removed:
   `2, -3`), the way a model boxes each of several solutions.
 - An answer longer than `MAX_ANSWER_CHARS` is no answer.
 
-Checking (`answers_match`, `is_correct`): equal after `normalize` is correct; otherwise math-verify decides.
-The answer is read as LaTeX; when that reading has letters the reference lacks (`18 dollars` reads as a
-product of symbols), it is read again as plain text. math-verify runs in a child process (spawned once),
-so every check is bounded in time from any thread: math-verify's own timeouts use `signal.alarm`, which
-works only on a main thread, and TRL may call rewards from other threads. Inside the child they bound
-slow symbolic work cheaply; a check that still overruns `timeout` gets the child killed and restarted,
-which also covers work that signals cannot interrupt. Nothing here raises: bad input gives None/False.
+Checking (`answers_match`, `is_correct`; docs/answers.md):
+- Equal to the reference after `normalize` is correct.
+- Otherwise the answer is read (`read_answer`): math delimiters (`$`, `\\( \\)`, `\\[ \\]`), bold markers and
+  text commands go (their text stays), and a line that then holds words (two or more ASCII letters outside a
+  LaTeX command, or an abbreviation such as `i.e.`; a unit's power goes with its word, `cm^2`) is read as the
+  list of the values between its words: the pieces that hold a digit or a LaTeX command.
+- The reading is judged: a base subscript in it must be the reference's (`52_9` is not `52_8`; `52` for
+  `52_8` is right); two plain decimal numbers are compared exactly (`3.1415927` is not `3.1415926`); anything
+  else gets math-verify's verdict.
+
+So an answer that names two or more different values is wrong, however it is spelled: `5 (not 4)`,
+`5 or maybe 4` and `5 apples or 4 apples` all read `5, 4`, a list that equals no single reference, as
+math-verify already reads `18 or 19`. One value with unit words is that value (`4 apples` reads `4`).
+math-verify's own leniencies stay: a decimal against an exact value is compared at 6 decimals (`0.333333`
+is `\\frac13`), a slash between numbers divides (`4/2` is 2), a relation is read by one side (`x = 5` is 5).
+Words are not values: `east or 3/2` reads `3/2`.
+
+math-verify runs in a child process (spawned once), so every check is bounded in time from any thread:
+math-verify's own timeouts use `signal.alarm`, which works only on a main thread, and TRL may call rewards
+from other threads. Inside the child they bound slow symbolic work cheaply; a check that still overruns
+`timeout` gets the child killed and restarted, which also covers work that signals cannot interrupt. Nothing
+here raises: bad input gives None/False.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import select
 import subprocess
 import sys
 import threading
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
@@ -127,26 +143,72 @@ def _unwrap_reference(text: str) -> str:
     return text
 
 
-# --------------------------------------------------------------------------- string fallback
+# --------------------------------------------------------------------------- spelling and reading
 
-_TEXT_WRAP = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
-_SPACING = re.compile(r"\\[!,;: ]|\\(?:left|right)(?![a-zA-Z])|\\displaystyle")
+_TEXT_COMMAND = r"\\(?:text[a-z]*|mbox|mathrm)(?![a-zA-Z])"
+_TEXT_WRAP = re.compile(rf"{_TEXT_COMMAND}\s*\{{([^{{}}]*)\}}")
+_DELIMITERS = re.compile(r"\\[()\[\]]|(?<!\\)\$")  # \( \) \[ \] $, not \$ (a dollar)
+_SPACING = re.compile(r"\\[!,;: ]\s*|\\(?:left|right)(?![a-zA-Z])|\\displaystyle")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_MATH_WORDS = r"(?:sqrt|pi|infinity|infty|inf|sin|cos|tan|log|ln|exp)\b"  # plain-text math, not words
+_WORD = re.compile(  # two or more letters, or an abbreviation (i.e.), with a unit's power (cm^2)
+    rf"(?<![\\a-zA-Z])(?<!\\begin\{{)(?<!\\end\{{)(?!{_MATH_WORDS})(?:[a-zA-Z]{{2,}}|[a-zA-Z](?:\.[a-zA-Z])+\.?)"
+    r"(?:\s*\^\s*\{?\d\}?)?"
+)
+_PUNCTUATION = re.compile(r"^[\s,;:!?=/|&~]+|[\s,;:!?=/|&~.]+$")  # a leading dot is a decimal point (.5)
+_OPENERS, _CLOSERS = ("(", "[", "{"), (")", "]", "}")
+_VALUE = re.compile(r"\d|\\[a-zA-Z]")
+_BASE = re.compile(r"(?<![\w\\])\d[0-9A-Z]*_\{?\s*(\d+)\s*\}?")
+_DECIMAL = re.compile(r"-?(?:\d+\.?\d*|\.\d+)")
 
 
 def normalize(answer: str) -> str:
-    """A canonical spelling for string comparison: no spacing commands, `\\text{}` wrappers, dollar signs,
-    degree marks, percent signs, thousands commas, spaces or closing full stop; `\\dfrac` is `\\frac`;
-    lower case."""
+    """A canonical spelling for string comparison: no spacing commands, math delimiters, `\\text{}` wrappers,
+    dollar signs, degree marks, percent signs, thousands commas, spaces or closing full stop; `\\dfrac` is
+    `\\frac`; lower case. A comma followed by a space separates numbers (`4, 500` is not `4500`)."""
     text = _TEXT_WRAP.sub(r"\1", answer)
-    text = _SPACING.sub("", text)
+    text = _SPACING.sub("", _DELIMITERS.sub("", text))
     text = _DEGREES.sub("", text)
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
     text = re.sub(r"\\?[$%]", "", text)
-    text = re.sub(r"\s+", "", text)
     text = _THOUSANDS.sub("", text)
+    text = re.sub(r"\s+", "", text)
     return text.rstrip(".").lower()
+
+
+def _trim(piece: str) -> str:
+    """A piece of a line without the spaces, punctuation and unmatched brackets at its ends."""
+    while True:
+        piece = _PUNCTUATION.sub("", piece)
+        unclosed = sum(map(piece.count, _OPENERS)) - sum(map(piece.count, _CLOSERS))
+        if unclosed > 0 and piece[-1:] in _OPENERS:
+            piece = piece[:-1]
+        elif unclosed > 0 and piece[:1] in _OPENERS:
+            piece = piece[1:]
+        elif unclosed < 0 and piece[-1:] in _CLOSERS:
+            piece = piece[:-1]
+        elif unclosed < 0 and piece[:1] in _CLOSERS:
+            piece = piece[1:]
+        else:
+            return piece
+
+
+def read_answer(answer: str) -> str:
+    """What an answer says, for math-verify (rules in the module docstring): without math delimiters, bold
+    markers and text commands (their text is read, not hidden); when it holds words, the values between them,
+    joined by ", " (`4 apples` -> `4`, `5 (not 4)` -> `5, 4`)."""
+    text = _DELIMITERS.sub(" ", answer).replace("**", " ")  # bold markers, paired or left by _clean
+    text = re.sub(_TEXT_COMMAND, " ", _TEXT_WRAP.sub(r" \1 ", text))  # a text with braces inside keeps them
+    pieces = _WORD.split(text)
+    values = [piece for piece in map(_trim, pieces) if _VALUE.search(piece)]
+    return ", ".join(values) if len(pieces) > 1 and values else " ".join(text.split())
+
+
+def _decimal(text: str) -> Decimal | None:
+    """The value of a plain decimal number (`$1,600.00`, `-3.5`), or None."""
+    spelled = normalize(text)
+    return Decimal(spelled) if "%" not in text and _DECIMAL.fullmatch(spelled) else None
 
 
 # --------------------------------------------------------------------------- math-verify, in the child
@@ -159,22 +221,12 @@ def _gold(reference: str):
     return parse(f"\\boxed{{{reference}}}", [LatexExtractionConfig()], parsing_timeout=SOFT_TIMEOUT_S)
 
 
-def _symbols(parsed) -> set:
-    return set().union(*(getattr(p, "free_symbols", set()) for p in parsed))
-
-
 def _math_verify(answer: str, reference: str) -> bool:
-    """math-verify's verdict (runs in the child, on its main thread)."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    """math-verify's verdict on an answer as read by `read_answer` (runs in the child, on its main thread)."""
+    from math_verify import LatexExtractionConfig, parse, verify
 
-    gold = _gold(reference)
     latex = parse(f"\\boxed{{{answer}}}", [LatexExtractionConfig()], parsing_timeout=SOFT_TIMEOUT_S)
-    if verify(gold, latex, timeout_seconds=SOFT_TIMEOUT_S):
-        return True
-    if not (_symbols(latex) - _symbols(gold)):
-        return False
-    plain = parse(answer, [ExprExtractionConfig()], parsing_timeout=SOFT_TIMEOUT_S)
-    return bool(plain) and verify(gold, plain, timeout_seconds=SOFT_TIMEOUT_S)
+    return verify(_gold(reference), latex, timeout_seconds=SOFT_TIMEOUT_S)
 
 
 def _serve() -> None:
@@ -259,12 +311,19 @@ _verifier = _Verifier()
 def answers_match(answer: str, reference: str, timeout: float = TIMEOUT_S) -> bool:
     """Whether an extracted answer equals a reference (already extracted). Never raises; bounded time."""
     try:
-        if not answer or not reference:
+        if not answer or not reference or len(answer) > MAX_ANSWER_CHARS:
             return False
         spelled = normalize(answer)
         if spelled and spelled == normalize(reference):
             return True
-        return bool(_verifier.check(answer, reference, timeout))
+        reading = read_answer(answer)
+        bases = _BASE.findall(reading)
+        if bases and bases != _BASE.findall(reference):
+            return False
+        numbers = _decimal(reading), _decimal(reference)
+        if None not in numbers:
+            return numbers[0] == numbers[1]
+        return bool(_verifier.check(reading, reference, timeout))
     except Exception:  # the rule for rewards: a value, never an exception
         logger.exception("answer check failed on %r vs %r", str(answer)[:80], str(reference)[:80])
         return False

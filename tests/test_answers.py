@@ -6,9 +6,11 @@ import json
 import multiprocessing
 import threading
 import time
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from parallel_r1.answers import (
@@ -20,6 +22,7 @@ from parallel_r1.answers import (
     extract_reference,
     is_correct,
     normalize,
+    read_answer,
 )
 from parallel_r1.data import DATA_DIR
 
@@ -164,7 +167,7 @@ def test_math500_wrong_answers(written, gold):
 @pytest.mark.parametrize(
     "answer, reference, expected",
     [
-        ("18 dollars", "18", True),  # a unit word: read again as plain text
+        ("18 dollars", "18", True),  # a unit word: read as the value it goes with
         ("x = 5", "5", True),
         ("2x+3", "3+2x", True),
         ("3", "2x+3", False),
@@ -187,10 +190,192 @@ def test_answers_match(answer, reference, expected):
         ("11,\\! 111,\\! 111,\\! 100", "11111111100"),
         ("1,-2", "1,-2"),
         ("50\\%", "50"),
+        ("\\(58,500\\)", "58500"),  # math delimiters go
+        ("4, 500", "4,500"),  # a comma and a space separate two numbers
     ],
 )
 def test_normalize(text, expected):
     assert normalize(text) == expected
+
+
+# --------------------------------------------------------------------------- reading, hedges, spellings
+
+
+@pytest.mark.parametrize(
+    "answer, reading",
+    [
+        ("4 apples", "4"),
+        ("the value of x is 5", "5"),  # a lone letter is not a word, and holds no value
+        ("x = 5 apples", "x = 5"),
+        ("5 cm^2", "5"),  # a unit's power goes with it
+        ("15\\mbox{ cm}^2", "15"),
+        ("\\frac{1}{2} cup", "\\frac{1}{2}"),
+        ("\\pi radians", "\\pi"),
+        ("4 (four)", "4"),  # unmatched brackets left by the words are dropped
+        ("(3,4] works", "(3,4]"),
+        ("3, 5, and 7", "3, 5, 7"),
+        ("5 (not 4)", "5, 4"),  # a hedge reads as a list
+        ("5 or maybe 4", "5, 4"),
+        ("\\text{5 or 4}", "5, 4"),
+        ("4 \\text{ (not } 5\\text{)}", "4, 5"),
+        ("\\frac{1}{2} \\text{(maybe \\frac{1}{3})}", "\\frac{1}{2}, \\frac{1}{3}"),
+        ("4 i.e. 5", "4, 5"),
+        ("**4** or **5**", "4, 5"),
+        ("\\(58,500\\)", "58,500"),  # delimiters go
+        ("x \\in [-2,7]", "x \\in [-2,7]"),  # no words: as written
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("2 sqrt(3)", "2 sqrt(3)"),  # plain-text math is not a word
+        ("Evelyn and Navin", "Evelyn and Navin"),  # words only: as written
+    ],
+)
+def test_read_answer(answer, reading):
+    assert read_answer(answer) == reading
+
+
+@pytest.mark.parametrize(
+    "answer, reference, expected",
+    [
+        # one value, spelled many ways
+        ("4", "4", True),
+        ("$4$", "4", True),
+        ("\\$4", "4", True),
+        ("4.00", "4", True),
+        ("$4.00.", "4", True),
+        ("**4**", "4", True),
+        ("**$4$**", "4", True),
+        ("\\boxed{4}", "4", True),
+        ("\\(4\\)", "4", True),
+        ("\\[4\\]", "4", True),
+        ("4 apples", "4", True),
+        ("4 \\text{ apples}", "4", True),
+        ("\\(4\\) apples", "4", True),
+        ("18 dollars", "18", True),
+        ("\\$18.00", "18", True),
+        ("5 cm^2", "5", True),
+        ("15 \\text{ cm}^2", "15\\mbox{ cm}^2", True),
+        ("90^\\circ", "90", True),
+        ("50\\%", "50", True),
+        ("4 (four)", "4", True),
+        ("\\(58,500\\)", "58,500", True),  # a right answer in \( \) with a thousands comma, \! or \text{}
+        ("\\(10,\\!080\\)", "10,\\!080", True),
+        ("\\(5.4 \\text{ cents}\\)", "5.4 \\text{ cents}", True),
+        ("\\frac{1}{2} cup", "\\frac{1}{2}", True),
+        ("2\\sqrt{3} meters", "2\\sqrt{3}", True),
+        ("2 and -3", "2, -3", True),  # a list that is the reference's list
+        ("4.01", "4", False),
+        ("\\$5", "4", False),
+        ("**5**", "4", False),
+        ("\\(5\\)", "4", False),
+        ("5 apples", "4", False),
+        # hedges: two different values, however spelled, in either order
+        ("5 (not 4)", "4", False),
+        ("4 (not 5)", "4", False),
+        ("5 or maybe 4", "4", False),
+        ("5 apples or 4 apples", "4", False),
+        ("18 or 19", "19", False),
+        ("5, 4", "4", False),
+        ("5/4", "4", False),
+        ("\\text{5 or 4}", "4", False),
+        ("4 \\text{ (not } 5\\text{)}", "4", False),
+        ("\\(5\\) or \\(4\\)", "4", False),
+        ("**5** or **4**", "4", False),
+        ("\\$5 or \\$4", "4", False),
+        ("\\frac{1}{3} (or \\frac{1}{2})", "\\frac{1}{2}", False),
+        ("58,400 or 58,500", "58,500", False),
+        ("2 and -3 or 5", "2, -3", False),
+        ("4 apples, that is 4 apples", "4", True),  # the same value twice is one value
+        # math-verify's loose spots: closed
+        ("52_9", "52_8", False),  # a base subscript must be the reference's
+        ("52_{8}", "52_8", True),
+        ("3.1415927", "3.1415926", False),  # two decimals: exactly
+        ("0.0000001", "0.0000002", False),
+        # ... and pinned (documented in the module docstring)
+        ("52", "52_8", True),  # no base written: the digits are compared
+        ("0.333333", "\\frac13", True),  # a decimal against an exact value: at 6 decimals
+        ("4/2", "2", True),  # a slash between numbers divides
+        ("x = 5", "5", True),  # a relation is read by one side
+    ],
+)
+def test_spellings_and_hedges(answer, reference, expected):
+    assert is_correct(f"Final Answer: {answer}", reference) is expected
+
+
+SPELLINGS = ("{}", "${}$", "\\({}\\)", "\\[{}\\]", "**{}**", "{}.", "\\boxed{{{}}}", "**${}$**")
+
+
+@pytest.mark.parametrize("name", ["math500.jsonl", "gsm8k_test.jsonl", "aime24.jsonl", "aime25.jsonl", "amc23.jsonl"])
+def test_every_shipped_reference_matches_its_spellings(name):
+    for reference in {extract_reference(row["answer"]) for row in rows(name)}:
+        for spelling in SPELLINGS:
+            assert is_correct(f"Final Answer: {spelling.format(reference)}", reference), (spelling, reference)
+
+
+def _latex(value: Fraction, commas: bool) -> str:
+    """A number as a model writes it: `58,500` or `58500`, `-3.25`, `\\frac{2}{7}`."""
+    if value.denominator == 1:
+        return f"{value.numerator:,}" if commas else str(value.numerator)
+    if 10**6 % value.denominator == 0:
+        return str(Decimal(value.numerator) / value.denominator)
+    sign = "-" if value < 0 else ""
+    return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+
+
+NUMBERS = st.one_of(
+    st.integers(-(10**6), 10**6).map(Fraction),
+    st.builds(Fraction, st.integers(-(10**5), 10**5), st.sampled_from([2, 4, 5, 10, 100, 1000])),  # decimals
+    st.builds(Fraction, st.integers(-99, 99), st.integers(2, 99)),
+)
+MATH500 = sorted({row["answer"] for row in rows("math500.jsonl")})
+DRESS = ("{}", "${}$", "\\({}\\)", "**{}**", "{} apples", "\\text{{{}}}", "{} \\text{{ cm}}^2")
+HEDGES = (
+    "{} or {}",
+    "{} (not {})",
+    "{} or maybe {}",
+    "{}, {}",
+    "{} / {}",
+    "{}/{}",
+    "{}, not {}",
+    "either {} or {}",
+    "{} \\text{{ or }} {}",
+    "{} (or {})",
+    "{} i.e. {}",
+)
+WORDS = st.lists(
+    st.sampled_from(["or", "not", "maybe", "but", "and", "is", "the", "apples", "perhaps", "i.e."]), min_size=1
+)
+
+
+def _value(reference: str) -> Fraction | None:
+    try:
+        return Fraction(reference)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    reference=st.one_of(NUMBERS, st.sampled_from(MATH500)),
+    wrong=NUMBERS,
+    commas=st.booleans(),
+    dress=st.tuples(st.sampled_from(DRESS), st.sampled_from(DRESS)),
+    hedge=st.one_of(st.sampled_from(HEDGES), WORDS.map(lambda words: "{} " + " ".join(words) + " {}")),
+    wrong_first=st.booleans(),
+)
+def test_an_answer_naming_two_different_values_is_never_correct(reference, wrong, commas, dress, hedge, wrong_first):
+    """For any reference and any different value, a line holding both, in either order, is wrong."""
+    value = reference if isinstance(reference, Fraction) else _value(reference)
+    if isinstance(reference, Fraction):
+        reference = _latex(reference, commas)
+        assume(wrong != value)
+    else:  # different from the reference and from each of its values (`1` is one of `-2,1`)
+        assume(not any(answers_match(_latex(wrong, commas), part) for part in [reference, *reference.split(",")]))
+    if "/" in hedge:  # a slash between two numbers divides (`4/2` is 2): only hedges that are not the quotient
+        top, bottom = (wrong, value) if wrong_first else (value, wrong)
+        assume(value is not None and (bottom == 0 or top / bottom != value))
+    values = (_latex(wrong, commas), reference)
+    first, second = values if wrong_first else values[::-1]
+    line = hedge.format(dress[0].format(first), dress[1].format(second))
+    assert not is_correct(f"Final Answer: {line}", reference), line
 
 
 # --------------------------------------------------------------------------- bounded time, any thread
