@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test lint format demo demo-ablation bench gpu-check clean
+.PHONY: install test lint format demo demo-paper bench gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -39,15 +39,17 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The main job on the embedded default: the whole method in miniature on the demo task (scripts/demo.py): pretrain a
-# 0.6M-parameter base, add the tags, cold-start traces, SFT (Unseen), GRPO with fork-join rollouts, then evaluate
-# base, SFT and GRPO on held-out problems (outputs/demo/results/: table.md and plots). 2 CPU cores, ~13 min with the install.
+# The main job on the embedded default: the method in miniature against its baseline on the demo task (scripts/demo.py):
+# pretrain a 0.6M-parameter base, add the tags, cold-start traces, SFT (Unseen), GRPO without blocks from the base and
+# Parallel-R1 (fork-join rollouts, S2) from the SFT model with the same budget, then evaluate all four on held-out
+# problems (outputs/demo/results/: table.md, votes.md and plots). 2 CPU cores, under 15 min with the install.
 demo: install
 	$(PY) scripts/demo.py
 
-# Three GRPO runs from the demo's SFT model (accuracy-only, tiered, alternating): outputs/demo/ablation/table.md
-demo-ablation: install
-	$(PY) scripts/demo.py --ablation
+# Every row and experiment of the paper in miniature from one base (Seen and Unseen SFT and RL, S1, S2, the tiered
+# ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About an hour.
+demo-paper: install
+	$(PY) scripts/demo.py --paper --output_dir outputs/demo-paper
 
 # Speed comparisons and the fuzz drill: each rewrites its file in benchmarks/results/ (machine, command, target met
 # or not); about 1 h 20 min on 2 shared CPU cores, the fuzz drill (100,000 inputs) an hour of it

@@ -1,18 +1,20 @@
 """The whole Parallel-R1 method in miniature, on 2 CPU cores: every stage is one of the project's scripts (or TRL's),
 run as a user would run it at scale, on the task of `parallel_r1.demo.task`.
 
-    python scripts/demo.py                      # make demo: all stages, then the table and plots (~11 min, ~13 with the install)
-    python scripts/demo.py --ablation           # make demo-ablation: three rewards from the same SFT model
+    python scripts/demo.py                      # make demo: the method against its baseline (~12 min, ~15 with the install)
+    python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (~50 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
-Stages (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
+Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
   1. data and an untrained base       python -m parallel_r1.demo.task
   2. pretrain the base                TRL's own SFT script on plain step-by-step solutions
   3. add the tags                     scripts/add_special_tokens.py
   4. cold-start traces                scripts/generate_cold_start.py (the task's programmatic teacher)
   5. SFT, Unseen                      scripts/sft.py
-  6. GRPO, fork-join rollouts         scripts/grpo.py with the paper's alternating reward
-  7. evaluation and plots             scripts/evaluate.py on base, SFT and GRPO; scripts/plot.py
+  6. GRPO without blocks              scripts/grpo.py with recipes/demo/grpo_plain.yaml, from the base (the baseline)
+  7. Parallel-R1                      scripts/grpo.py with recipes/demo/grpo.yaml: fork-join rollouts, the S2 reward
+  8. evaluation and plots             scripts/evaluate.py on base, plain GRPO, SFT and Parallel-R1; scripts/plot.py
+`--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from parallel_r1.demo.task import path_report
+from parallel_r1.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
+from parallel_r1.demo.task import vote_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
@@ -38,13 +41,6 @@ ACCELERATE = [
     str(ROOT / "accelerate_configs" / "cpu.yaml"),
 ]
 PYTHON = [sys.executable]
-# The parallel ratios of the paper's reward ablation (Parallel-R1-Unseen; REFERENCE)
-PAPER_RATIOS = {"accuracy": 13.6, "tiered": 80.3, "alternating": 63.0}
-ABLATION = {
-    "accuracy": "accuracy",
-    "tiered": "tiered",
-    "alternating": "alternating(accuracy, tiered, window=10, a_steps=8)",
-}
 # A few steps per stage: the shape of the demo in a minute or two, for the test suite
 QUICK = {
     "base": ["--max_steps", "8", "--per_device_train_batch_size", "16", "--logging_steps", "4"],
@@ -130,17 +126,23 @@ class Demo:
              "--seed", str(self.seed), *self.extra("sft")],
         )  # fmt: skip
 
-    def grpo(self, output: str, reward: str | None = None, title: str = "GRPO, fork-join rollouts") -> None:
+    def grpo(self, output: str, reward: str | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
+             start: str = "sft", recipe: str = "grpo.yaml", extra: tuple = ()) -> None:  # fmt: skip
         rewards = ["--reward_funcs", reward] if reward else []
         self.stage(
             title,
             output.replace("/", "-"),
-            [*ACCELERATE, "scripts/grpo.py", "--config", str(RECIPES / "grpo.yaml"),
-             "--model_name_or_path", self.path("sft"), "--dataset_name", self.path("data", "rl.jsonl"),
-             "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *self.extra("grpo")],
+            [*ACCELERATE, "scripts/grpo.py", "--config", str(RECIPES / recipe),
+             "--model_name_or_path", self.path(start), "--dataset_name", self.path("data", "rl.jsonl"),
+             "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *self.extra("grpo"), *extra],
         )  # fmt: skip
 
-    def evaluate(self, model: str, label: str, plain: bool = False) -> str:
+    def grpo_plain(self) -> None:
+        """The baseline: GRPO without blocks from the base, with the budget of the parallel run."""
+        self.grpo("grpo-plain", title="GRPO without blocks (the baseline)", start="base-special",
+                  recipe="grpo_plain.yaml")  # fmt: skip
+
+    def evaluate(self, model: str, label: str, plain: bool = False, flags: tuple = ()) -> str:
         folder = self.path("eval", label)
         k = 2 if self.quick else 4
         self.stage(
@@ -149,7 +151,7 @@ class Demo:
             [*PYTHON, "scripts/evaluate.py", "--config", str(RECIPES / "eval.yaml"),
              "--model_name_or_path", self.path(model), "--label", label, "--output_dir", folder,
              "--benchmarks", f"{self.path('data', 'test.jsonl')}@{k}", "--seed", str(self.seed),
-             *(["--rollout_mode", "plain"] if plain else []), *self.extra("eval")],
+             *(["--rollout_mode", "plain"] if plain else []), *flags, *self.extra("eval")],
         )  # fmt: skip
         return folder
 
@@ -157,9 +159,14 @@ class Demo:
 
     def run(self) -> None:
         self.prepare()
+        self.grpo_plain()
         self.grpo("grpo")
-        folders = [self.evaluate("base-special", "base", plain=True), self.evaluate("sft", "sft")]
-        folders.append(self.evaluate("grpo", "grpo"))
+        folders = [
+            self.evaluate("base-special", "base", plain=True),
+            self.evaluate("grpo-plain", "grpo-plain", plain=True),
+            self.evaluate("sft", "sft"),
+            self.evaluate("grpo", "parallel-r1"),
+        ]
         results = self.path("results")
         self.stage(
             "the table and the plots",
@@ -167,24 +174,53 @@ class Demo:
             [*PYTHON, "scripts/plot.py", "--evaluations", *folders,
              "--trainer_state", self.path("grpo", "trainer_state.json"), "--output_dir", results],
         )  # fmt: skip
-        paths = path_report({label: self.path("eval", label) for label in ("sft", "grpo")})
-        (Path(results) / "paths.md").write_text(paths + "\n")
-        self.summary(Path(results) / "table.md", ["base-special", "sft", "grpo"], self.out / "timings.md")
+        votes = vote_report({label: self.path("eval", label) for label in ("sft", "parallel-r1")})
+        (Path(results) / "votes.md").write_text(votes + "\n")
+        self.summary(
+            Path(results) / "table.md", ["base-special", "grpo-plain", "sft", "grpo"], self.out / "timings.md"
+        )
 
-    def ablation(self) -> None:
-        if (self.out / "sft" / "config.json").exists():
-            print(f"Starting from the SFT model in {self.path('sft')} (delete it to redo the stages before GRPO)")
-        else:
-            self.prepare()
-        rows = []
-        for name, reward in ABLATION.items():
-            self.grpo(f"ablation/{name}", reward, title=f"GRPO with the {name} reward")
-            folder = self.evaluate(f"ablation/{name}", f"ablation-{name}")
-            rows.append((name, json.loads((Path(folder) / "results.json").read_text())))
-        table = ablation_table(rows)
-        path = self.out / "ablation" / "table.md"
-        path.write_text(table + "\n")
-        self.summary(path, [f"ablation/{name}" for name in ABLATION], path.with_name("timings.md"))
+    def paper(self) -> None:
+        """Every row and experiment of the paper from one base, with the same RL budget for every run."""
+        self.prepare()
+        self.stage(
+            "SFT on the traces (Seen)",
+            "sft-seen",
+            [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"), "--attention", "causal",
+             "--model_name_or_path", self.path("base-special"),
+             "--dataset_name", self.path("cold-start", "train.parquet"), "--output_dir", self.path("sft-seen"),
+             "--seed", str(self.seed), *self.extra("sft")],
+        )  # fmt: skip
+        self.grpo_plain()
+        half = str(self.steps() // 2)
+        self.grpo("grpo", title="Parallel-R1-Unseen S2 (alternating reward)",
+                  extra=("--save_strategy", "steps", "--save_steps", half))  # fmt: skip
+        self.grpo("paper/s1", "accuracy", title="Parallel-R1-Unseen S1 (accuracy reward)")
+        self.grpo("paper/tiered", "tiered", title="Parallel-R1-Unseen, tiered reward (the ablation)")
+        self.grpo("paper/seen", "accuracy", title="Parallel-R1-Seen (causal, sequential rollouts)", start="sft-seen",
+                  extra=("--attention", "causal", "--rollout_mode", "sequential"))  # fmt: skip
+        self.grpo("paper/mid-training", "accuracy", title="Mid-training, phase B: accuracy from S2's halfway point",
+                  start=f"grpo/checkpoint-{half}", extra=("--max_steps", half, "--epsilon_high", "0.2"))  # fmt: skip
+        folders = {
+            label: self.evaluate(model, label, plain, flags) for label, (model, plain, flags) in PAPER_ROWS.items()
+        }
+        results = {label: json.loads((Path(f) / "results.json").read_text()) for label, f in folders.items()}
+        out = self.out / "paper"
+        curves = {label: [self.out / PAPER_ROWS[label][0] / "trainer_state.json"] for label in RL_RUNS}
+        curves["mid-training"].insert(0, self.out / "grpo" / f"checkpoint-{half}" / "trainer_state.json")
+        drifts = drift(curves)
+        plot_drift(curves, out / "block_position.png")
+        (out / "paper_table.md").write_text(paper_table(results, drifts) + "\n")
+        parallel = {label: folders[label] for label, (_, plain, _) in PAPER_ROWS.items() if not plain}
+        (out / "votes.md").write_text(vote_report(parallel) + "\n")
+        self.summary(out / "paper_table.md", [model for model, _, _ in PAPER_ROWS.values()], out / "timings.md")
+
+    def steps(self) -> int:
+        """GRPO's optimizer steps in this run: the recipe's, or the quick run's."""
+        if self.quick:
+            return int(QUICK["grpo"][QUICK["grpo"].index("--max_steps") + 1])
+        return int(next(line.split(":")[1] for line in (RECIPES / "grpo.yaml").read_text().splitlines()
+                        if line.startswith("max_steps:")))  # fmt: skip
 
     def summary(self, table: Path, models: list[str], timings: Path) -> None:
         """Write the `timings` file; print the table, the timings and where everything is."""
@@ -193,8 +229,8 @@ class Demo:
         timings.write_text("\n".join(lines) + "\n")
         print("\n" + " Done ".center(100, "="))
         print(table.read_text())
-        if (paths := table.with_name("paths.md")).exists():
-            print(paths.read_text())
+        if (votes := table.with_name("votes.md")).exists():
+            print(votes.read_text())
         print("\n".join(lines))
         print(f"\nTable:   {table}")
         if plots := sorted(table.parent.glob("*.png")):
@@ -204,34 +240,17 @@ class Demo:
         print(f"Logs:    {self.logs}/")
 
 
-def ablation_table(rows: list) -> str:
-    """One row per reward: accuracy (mean@k / pass@k) and parallel ratio on the held-out problems, next to the
-    paper's parallel ratio for the same reward."""
-    lines = [
-        "| Reward | mean@k % | pass@k % | Parallel % | Paper's parallel % |",
-        "|---|---|---|---|---|",
-    ]
-    for name, results in rows:
-        ((_, metrics),) = results["benchmarks"].items()
-        k = metrics["samples"]
-        lines.append(
-            f"| {name} | {100 * metrics[f'mean@{k}']:.1f} | {100 * metrics[f'pass@{k}']:.1f} "
-            f"| {100 * metrics['parallel_ratio']:.1f} | {PAPER_RATIOS[name]} |"
-        )
-    return "\n".join(lines)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="outputs/demo", help="where every stage writes (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (the data split is fixed)")
     parser.add_argument("--quick", action="store_true", help="a few steps per stage (a smoke test, not a result)")
-    parser.add_argument("--ablation", action="store_true", help="GRPO with three rewards from the same SFT model")
+    parser.add_argument("--paper", action="store_true", help="every row and experiment of the paper (make demo-paper)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick)
-    demo.ablation() if args.ablation else demo.run()
+    demo.paper() if args.paper else demo.run()
 
 
 if __name__ == "__main__":

@@ -18,17 +18,20 @@ from parallel_r1.answers import extract_answer, is_correct
 from parallel_r1.cold_start import ColdStartConfig, generate_cold_start
 from parallel_r1.data import build_prompt, load_problems
 from parallel_r1.data.loaders import final_answer, problem_text
+from parallel_r1.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
 from parallel_r1.demo.task import (
     EASY_MAX,
+    NUM_PATHS,
     TEACHER_MALFORMED,
-    TEACHER_SHORTCUT,
+    TEACHER_PLAIN,
     TEACHER_SLIP,
     Problem,
     all_problems,
     corpus,
-    path_report,
+    majority,
     split_problems,
     teacher,
+    vote_report,
     write_data,
 )
 from parallel_r1.format import parse
@@ -47,37 +50,42 @@ def test_a_problem_reads_back_from_its_text_and_both_solutions_end_on_its_answer
     assert final_answer(plain) == str(problem.answer) and not parse(plain).blocks
     trace = problem.parallel_trace()
     parsed = parse(trace)
-    assert parsed.well_formed and len(parsed.blocks) == 1 and len(parsed.blocks[0].paths) == 2
+    assert parsed.well_formed and len(parsed.blocks) == 1 and len(parsed.blocks[0].paths) == NUM_PATHS
     assert extract_answer(trace) == str(problem.answer)
 
 
-@pytest.mark.parametrize("text", ["", "7*8+3*4=", "0*1+2*3", "10*1+2*3", "7*8-3*4", "seven"])
-def test_what_is_not_a_problem_is_refused_by_name(text):
-    with pytest.raises(ValueError, match="not a demo problem"):
-        Problem.parse(text)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=6))
+def test_the_vote_is_the_most_common_value_and_the_first_of_a_tie(values):
+    vote = majority(values)
+    counts = Counter(values)
+    assert counts[vote] == max(counts.values())
+    assert values.index(vote) == min(values.index(v) for v in counts if counts[v] == counts[vote])
 
 
-def test_a_slip_makes_a_wrong_first_path_and_a_wrong_answer_and_each_path_has_its_own_style():
+def test_the_summary_states_the_vote_and_outvotes_a_lone_slip():
     problem = Problem(7, 8, 3, 4)
-    slipped = problem.parallel_trace(slip=2)
-    assert "7*8=58" in slipped and extract_answer(slipped) == "70"
-    assert extract_answer(problem.parallel_trace((True, False), slip=-3)) == "65"
-    paths = problem.parallel_trace(shortcuts=(True, False)).split("<Path>")[1:]
-    assert paths[0].startswith("68</Path>") and paths[1].startswith("7*8=56\n3*4=12\n56+12=68</Path>")
+    slipped = problem.parallel_trace((0, 2, 0))
+    assert "7*8=58\n3*4=12\n58+12=70</Path>" in slipped
+    assert slipped.endswith("</Parallel>\n<Summary>Final Answer: 68</Summary>") and extract_answer(slipped) == "68"
+    assert extract_answer(problem.parallel_trace((3, 3, 0))) == "71"  # two alike slips win the vote
+    assert extract_answer(problem.parallel_trace((1, 2, 3))) == "69"  # no majority: the first
     assert "</Summary>" not in problem.parallel_trace(close_summary=False)
+    assert problem.plain_solution(slip=-6) == "7*8=50\n3*4=12\n50+12=62\nFinal Answer: 62"
 
 
-def test_the_teacher_is_seeded_and_slips_and_breaks_at_its_stated_rates():
+def test_the_teacher_is_seeded_and_mixes_plain_and_block_answers_at_its_stated_rates():
     messages = build_prompt("7*8+3*4", "none")
     assert teacher(messages, 5) == teacher(messages, 5)
-    answers = [teacher(messages, seed) for seed in range(2000)]
-    outcomes = Counter(
-        "malformed" if not parse(a).well_formed else "wrong" if extract_answer(a) != "68" else "right" for a in answers
-    )
-    assert abs(outcomes["wrong"] / 2000 - TEACHER_SLIP) < 0.03
-    assert abs(outcomes["malformed"] / 2000 - TEACHER_MALFORMED) < 0.02
-    shortcuts = Counter("*" not in path.split("</Path>")[0] for a in answers for path in a.split("<Path>")[1:])
-    assert abs(shortcuts[True] / 4000 - TEACHER_SHORTCUT) < 0.03  # each path picks its style
+    answers = [teacher(messages, seed) for seed in range(3000)]
+    plain = [a for a in answers if "<Parallel>" not in a]
+    assert abs(len(plain) / 3000 - TEACHER_PLAIN) < 0.02
+    blocks = [a for a in answers if "<Parallel>" in a]
+    malformed = sum(not parse(a).well_formed for a in blocks)
+    assert abs(malformed / len(blocks) - TEACHER_MALFORMED) < 0.02
+    assert all(len(parse(a).blocks[0].paths) == NUM_PATHS for a in blocks)
+    attempts = [path.split("</Path>")[0] for a in blocks for path in a.split("<Path>")[1:]] + plain
+    slipped = sum("7*8=56" not in attempt for attempt in attempts)
+    assert abs(slipped / len(attempts) - TEACHER_SLIP) < 0.02  # each attempt slips on its own
     with pytest.raises(ValueError, match="not a demo problem"):
         teacher(build_prompt("what is 2+2?", "none"), 0)
 
@@ -103,19 +111,21 @@ def test_the_splits_hold_out_hard_problems_that_no_training_file_has(tmp_path):
     assert is_correct(Problem.parse(rows["test"][0]["question"]).plain_solution(), loaded[0]["answer"])
 
 
-def test_the_path_report_counts_each_kind_of_path_and_how_often_it_is_right(tmp_path):
+def test_the_vote_report_counts_paths_blocks_and_plain_answers(tmp_path):
     problem = Problem(7, 8, 3, 4)
     completions = [
-        problem.parallel_trace((True, False)),  # alone and right, worked out and right
-        problem.parallel_trace((False, True), slip=2),  # worked out and wrong (70), alone and right
-        "no block: Final Answer: 68",
+        (problem.parallel_trace((0, 0, 0)), True),  # three right paths, right
+        (problem.parallel_trace((0, 2, 0)), True),  # a slip outvoted: two right paths of three, right
+        (problem.parallel_trace((1, 1, 0)), False),  # outvoted by two alike slips: one right path, wrong
+        (problem.plain_solution(), True),
     ]
     folder = tmp_path / "sft"
     folder.mkdir()
-    rows = [json.dumps({"completion": c, "reference": "68"}) for c in completions]
+    rows = [json.dumps({"completion": c, "reference": "68", "correct": ok}) for c, ok in completions]
     (folder / "completions.jsonl").write_text("\n".join(rows) + "\n")
-    table = path_report({"sft": folder})
-    assert table.splitlines()[2] == "| sft | 4 | 50.0 | 100.0 | 50.0 |"
+    table = vote_report({"sft": folder})
+    # 6 of 9 paths right (66.7%), 2 of 3 block answers (66.7%): no gain; 2 of 3 blocks disagree; the plain one right
+    assert table.splitlines()[2] == "| sft | 4 | 75.0 | 66.7 | 66.7 | +0.0 | 66.7 | 100.0 |"
 
 
 def test_the_none_template_is_the_problem_alone_and_reads_back():
@@ -197,22 +207,97 @@ def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for model in ("base-init", "base", "base-special", "sft", "grpo"):
+    for model in ("base-init", "base", "base-special", "sft", "grpo", "grpo-plain"):
         assert (out / model / "config.json").exists(), model
     assert (out / "cold-start" / "train.parquet").exists() and (out / "cold-start" / "report.md").exists()
-    for stage in ("sft", "grpo"):  # the records and curves of each run of the project's scripts
+    for stage in ("sft", "grpo", "grpo-plain"):  # the records and curves of each run of the project's scripts
         assert {"trainer_state.json", "all_results.json", "training_curves.png"} <= {
             p.name for p in (out / stage).iterdir()
         }
     table = (out / "results" / "table.md").read_text().splitlines()
-    rows = {line.split("|")[1].strip(): line for line in table[2:5]}
-    assert list(rows) == ["base", "sft", "grpo"]
+    rows = {line.split("|")[1].strip(): line for line in table[2:6]}
+    assert list(rows) == ["base", "grpo-plain", "sft", "parallel-r1"]
     for line in rows.values():
         parallel, accuracy = line.split("|")[2:4]
-        assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("/")[0]) <= 100
+        assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("±")[0]) <= 100
     assert sorted(p.name for p in (out / "results").glob("*.png"))
-    assert (out / "results" / "paths.md").read_text().startswith("| Model | Paths | Answer alone % |")
+    assert (out / "results" / "votes.md").read_text().startswith("| Model | Answers | With a block % |")
     stages = (out / "timings.md").read_text()
-    assert stages.count("\n| ") == 11 and "total" in stages  # ten stages and the total
-    assert len(list((out / "logs").glob("*.log"))) == 10
+    assert stages.count("\n| ") == 13 and "total" in stages  # twelve stages and the total
+    assert len(list((out / "logs").glob("*.log"))) == 12
     assert "Table:" in result.stdout and "Logs:" in result.stdout
+
+
+def results_of(mean: float, parallel: float, stderr: float = 0.01) -> dict:
+    """An evaluation's results.json, as much of it as the paper table reads."""
+    metrics = {"samples": 4, "mean@4": mean, "mean@4_stderr": stderr, "pass@4": min(1.0, mean + 0.1),
+               "pass@4_stderr": stderr, "parallel_ratio": parallel, "tokens_total": 50.0,
+               "critical_over_total": 0.8}  # fmt: skip
+    return {"benchmarks": {"test.jsonl": metrics}}
+
+
+def trainer_state(path: Path, positions: list, ratio: float = 0.9) -> Path:
+    history = [
+        {"step": 5 * (i + 1), "parallel/block_position": p, "parallel/ratio": ratio} for i, p in enumerate(positions)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"log_history": [*history, {"step": 99, "train_runtime": 1.0}]}))
+    return path
+
+
+def test_drift_reads_the_logged_block_position_and_follows_a_run_continued_from_a_checkpoint(tmp_path):
+    first = trainer_state(tmp_path / "a" / "trainer_state.json", [0.1, 0.1, 0.1, 0.2])
+    second = trainer_state(tmp_path / "b" / "trainer_state.json", [0.5, 0.7, 0.7, 0.7])
+    assert [s for s, _ in logged([first, second], "parallel/block_position")] == [5, 10, 15, 20, 25, 30, 35, 40]
+    drifts = drift(
+        {"mid": [first, second], "flat": [first], "none": [trainer_state(tmp_path / "c" / "t.json", [0.0, 0.0], 0.0)]}
+    )
+    assert drifts["mid"] == pytest.approx((0.1, 0.7)) and drifts["flat"] == pytest.approx(
+        (0.1, 0.15)
+    )  # two points each, of four
+    assert "none" not in drifts  # no block opened: no position to follow
+
+
+def test_the_paper_table_marks_each_finding_by_its_direction():
+    results = {
+        "base": results_of(0.80, 0.0), "sft-seen": results_of(0.50, 0.95), "sft-unseen": results_of(0.55, 0.90),
+        "grpo-plain": results_of(0.85, 0.0), "r1-seen": results_of(0.88, 0.5), "r1-unseen-s1": results_of(0.90, 0.3),
+        "r1-unseen-s2": results_of(0.89, 0.6), "r1-unseen-tiered": results_of(0.87, 0.95),
+        "mid-training": results_of(0.86, 0.1),
+    }  # fmt: skip
+    holds = {text[0]: ok for text, ok, _ in findings(results, {"r1-unseen-s2": (0.2, 0.5)})}
+    assert holds == {"1": True, "2": True, "3": True, "4": True, "5": True}
+    # 2: a margin of 5 points is 3.5 standard errors of the difference at 1 point each, but not at 2 points each
+    worse = {**results, "r1-unseen-s1": results_of(0.90, 0.3, stderr=0.02), "grpo-plain": results_of(0.85, 0.0, 0.02)}
+    assert not dict((t[0], ok) for t, ok, _ in findings(worse, {}))["2"]
+    assert not dict((t[0], ok) for t, ok, _ in findings(worse, {}))["4"]  # no run moved its block later
+    flat = {**results, "r1-unseen-s1": results_of(0.90, 0.85)}  # accuracy-only kept its blocks
+    assert not dict((t[0], ok) for t, ok, _ in findings(flat, {}))["3"]
+    table = paper_table(results, {"r1-unseen-s2": (0.2, 0.5)}).splitlines()
+    assert table[0].startswith("| Ours | Paper's row |") and len(table) == 2 + len(results) + 1 + 2 + 5
+    assert "| r1-unseen-s2 | Parallel-R1-Unseen S2 (alternating) | 63.0 | 46.8 | 60.0 | 89.0 ± 1.0 |" in table[8]
+    assert table[8].endswith("| 0.20 -> 0.50 |") and table[-1].endswith("| yes | 86.0 against 85.0 |")
+
+
+@pytest.mark.slow
+def test_a_shortened_demo_paper_writes_every_row_the_table_and_the_drift(tmp_path):
+    """`scripts/demo.py --paper --quick`: every stage runs and writes its files, and the paper table parses (a row
+    per run, five findings, each marked). Files, not findings: a quick run is a smoke test, not a result."""
+    out = tmp_path / "paper"
+    result = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--paper", "--quick", "--output_dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for model, _, _ in PAPER_ROWS.values():
+        assert (out / model / "config.json").exists(), model
+    table = (out / "paper" / "paper_table.md").read_text().splitlines()
+    rows = [line.split("|")[1].strip() for line in table[2 : 2 + len(PAPER_ROWS)]]
+    assert rows == list(PAPER_ROWS)
+    for line in table[2 : 2 + len(PAPER_ROWS)]:
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        assert 0 <= float(cells[4]) <= 100 and 0 <= float(cells[5].split("±")[0]) <= 100
+    marks = [line.split("|")[2].strip() for line in table[-5:]]
+    assert len(marks) == 5 and set(marks) <= {"yes", "no"}
+    assert (out / "paper" / "block_position.png").exists() and (out / "paper" / "votes.md").exists()
+    assert (out / "grpo" / "checkpoint-1" / "trainer_state.json").exists()  # mid-training starts from S2's half

@@ -106,7 +106,7 @@ def test_summary_and_table():
     assert summary["average"]["mean"] == pytest.approx((0.25 + 0.25) / 2)
     assert summary["average"]["parallel_ratio"] == pytest.approx((0 + 1) / 2)
     table = markdown_table([{"label": "tiny", **summary}])
-    assert "| tiny | 50.0 | 25.0 / 100.0 | 25.0 | 25.0 |" in table  # mean@4 / pass@4, then mean@1
+    assert "| tiny | 50.0 | 25.0 ± 0.0 / 100.0 ± 0.0 | 25.0 ± 25.0 | 25.0 |" in table  # mean@4 / pass@4, mean@1
     assert "aime24 (mean@4 / pass@4)" in table and "math500 (mean@1)" in table
     local = markdown_table(
         [{"label": "tiny", **summarize([{**r, "benchmark": "/data/x/test.jsonl"} for r in rows[:8]])}]

@@ -29,7 +29,9 @@ GPUS_PER_NODE = 8  # the accelerate configs launch one node of 8 GPUs
 STAGES = {
     "sft": (sorted(RECIPES.glob("*/sft/*.yaml")) + [RECIPES / n / "sft.yaml" for n in ("tiny", "demo")], sft_parser),
     "grpo": (
-        sorted(RECIPES.glob("*/grpo/*.yaml")) + [RECIPES / n / "grpo.yaml" for n in ("tiny", "demo")],
+        sorted(RECIPES.glob("*/grpo/*.yaml"))
+        + [RECIPES / n / "grpo.yaml" for n in ("tiny", "demo")]
+        + [RECIPES / "demo" / "grpo_plain.yaml"],
         grpo_parser,
     ),
 }

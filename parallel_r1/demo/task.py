@@ -1,22 +1,28 @@
-"""The demo's task: `a*b+c*d` with digits 1-9, solved twice, independently, in the two paths of a block.
+"""The demo's task: `a*b+c*d` with digits 1-9, and a block that can pay as a vote of independent attempts.
 
 A plain solution (what the base is pretrained on) works out the two products, one per line, then their sum. A
-parallel trace solves the problem in each path of one block, and the summary states the result:
+parallel trace makes `NUM_PATHS` independent attempts in the paths of one block, and the summary states the result
+most of them reached, as the final answer:
 
-    7*8+3*4  ->  <Parallel><Path>7*8=56 / 3*4=12 / 56+12=68</Path><Path>68</Path></Parallel>
-                 / <Summary>68</Summary> / Final Answer: 68                                  (/ is a line break)
+    7*8+3*4  ->  <Parallel><Path>7*8=56 / 3*4=12 / 56+12=68</Path><Path>...=68</Path><Path>7*8=58 / ... =70</Path>
+                 </Parallel> / <Summary>Final Answer: 68</Summary>                        (/ is a line break)
 
-The teacher writes each path out in full or, half of the time, as a shortcut: the answer alone, at a glance. Both
-are right when the teacher writes them, but a 0.6M-parameter student gets the shortcut wrong far more often. SFT
-copies the mix; RL is rewarded by what the student gets right, and so learns which way pays.
+Why this gives the method a fair chance: the small model sampled at temperature 1 gets one attempt wrong now and then,
+and its mistakes on one problem are partly independent, so a vote of three isolated attempts is right more often
+than one (at 0.8 a path, about 0.9). The summary has real work to do (compare, state the majority), and the paths
+can do what Unseen paths can: independent attempts that see the same context, not halves of a split. (Under Unseen
+the paths sit at the same positions, so the summary cannot tell which came first: it states the vote, not a list.)
+What the plain base can already do is one attempt; a plain RL run can only make that attempt better. The block
+costs about three times the tokens (T), not three times the critical path (D).
 
-Why whole solutions in the paths, and not one product per path: under the Unseen structure the paths of a block
-see the same context and are sampled independently, so a path cannot know which half of a split to take;
-independent attempts are what such paths can do. (Under Seen, where a path sees the ones before it, a split works.)
+The teacher also writes a plain solution for a share of the problems (`TEACHER_PLAIN`), so that after SFT the model
+can still answer without a block, and a reward that does not pay for blocks can let them die, as in the paper. Its
+attempts slip now and then (a product off by one to nine): the summary's vote outvotes a lone slip, and a trace
+whose vote is wrong is rejected by the cold-start filters, as a model teacher's wrong answer would be. Now and then
+it leaves out `</Summary>` (a malformed trace for the filters).
 
-Problems are easy when the answer is at most `EASY_MAX`, hard otherwise. The cold start asks about problems of
-any difficulty, RL trains on hard ones, and the held-out test problems are hard ones that no training file holds. `teacher` is the programmatic cold-start
-teacher; seeded by the request, it slips now and then (a number off by one to nine) or leaves out `</Summary>`, so the cold-start filters have work to do.
+Problems are easy when the answer is at most `EASY_MAX`, hard otherwise. The cold start asks about problems of any
+difficulty, RL trains on hard ones, and the held-out test problems are hard ones that no training file holds.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import itertools
 import json
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 EASY_MAX = 40  # an easy problem has an answer of at most this
-TEACHER_SHORTCUT = 0.5  # share of teacher paths that give the answer alone, without the working
-TEACHER_SLIP = 0.1  # share of teacher traces with a wrong product
+NUM_PATHS = 3  # independent attempts in a teacher's block
+TEACHER_PLAIN = 0.15  # share of teacher answers with no block (the plain habit stays alive after SFT)
+TEACHER_SLIP = 0.1  # chance that one attempt of the teacher gets its first product wrong
 TEACHER_MALFORMED = 0.05  # share of teacher traces with no </Summary>
 _PROBLEM = re.compile(r"^\s*([1-9])\*([1-9])\+([1-9])\*([1-9])\s*$")
 
@@ -61,29 +69,31 @@ class Problem:
     def easy(self) -> bool:
         return self.answer <= EASY_MAX
 
-    def working(self, shortcut: bool = False, slip: int = 0) -> tuple[str, int]:
-        """(one solution, its result): the two products, one per line, then their sum; or, as a `shortcut`, the
-        answer alone. `slip` is added to the first number worked out (a mistake)."""
-        p, q = self.a * self.b, self.c * self.d
-        if shortcut:
-            result = max(p + q + slip, 0)
-            return str(result), result
-        p = max(p + slip, 0)
+    def working(self, slip: int = 0) -> tuple[str, int]:
+        """(one solution, its result): the two products, one per line, then their sum; `slip` is added to the first
+        product (a mistake)."""
+        p, q = max(self.a * self.b + slip, 0), self.c * self.d
         return f"{self.a}*{self.b}={p}\n{self.c}*{self.d}={q}\n{p}+{q}={p + q}", p + q
 
-    def plain_solution(self) -> str:
-        lines, result = self.working()
+    def plain_solution(self, slip: int = 0) -> str:
+        lines, result = self.working(slip)
         return f"{lines}\nFinal Answer: {result}"
 
-    def parallel_trace(self, shortcuts: tuple = (False, False), slip: int = 0, close_summary: bool = True) -> str:
-        """The block of two solutions (`shortcuts`: which paths give the answer alone; `slip` in the first),
-        the first one's result as the summary, the answer line."""
-        (first, result), (second, _) = self.working(shortcuts[0], slip), self.working(shortcuts[1])
+    def parallel_trace(self, slips: tuple[int, ...] = (0,) * NUM_PATHS, close_summary: bool = True) -> str:
+        """A block of one attempt a path (`slips`: each one's mistake, 0 for none), a summary that states the result
+        most of them reached (the first of them on a tie), and that as the answer line."""
+        attempts = [self.working(slip) for slip in slips]
+        results = [result for _, result in attempts]
+        vote = majority(results)
+        paths = "".join(f"<Path>{lines}</Path>" for lines, _ in attempts)
         end = "</Summary>" if close_summary else ""
-        return (
-            f"<Parallel><Path>{first}</Path><Path>{second}</Path></Parallel>\n<Summary>{result}{end}\n"
-            f"Final Answer: {result}"
-        )
+        return f"<Parallel>{paths}</Parallel>\n<Summary>Final Answer: {vote}{end}"
+
+
+def majority(values: list[int]) -> int:
+    """The value most of `values` agree on; on a tie, the first of the tied values to appear."""
+    counts = Counter(values)
+    return max(values, key=lambda v: (counts[v], -values.index(v)))
 
 
 def all_problems() -> list[Problem]:
@@ -91,18 +101,22 @@ def all_problems() -> list[Problem]:
 
 
 def teacher(messages: list, seed: int) -> str:
-    """The cold-start teacher (`backend: function`): the parallel trace of the problem in the last user turn, each
-    path written out or, one time in two (`TEACHER_SHORTCUT`), as the answer alone; with a seeded slip (off by one
-    to nine) or a missing `</Summary>` now and then."""
+    """The cold-start teacher (`backend: function`): for the problem in the last user turn, a plain solution one time
+    in `1 / TEACHER_PLAIN`, otherwise a block of `NUM_PATHS` attempts voted on in the summary; each attempt slips
+    (off by one to nine) with chance `TEACHER_SLIP`, and a trace now and then leaves `</Summary>` out. Seeded by
+    the request."""
     from ..data.loaders import problem_text
 
     problem = Problem.parse(problem_text(messages))
     rng = random.Random(seed)
-    shortcuts = (rng.random() < TEACHER_SHORTCUT, rng.random() < TEACHER_SHORTCUT)
-    draw = rng.random()
-    if draw < TEACHER_SLIP:
-        return problem.parallel_trace(shortcuts, slip=rng.choice([-1, 1]) * rng.randint(1, 9))
-    return problem.parallel_trace(shortcuts, close_summary=draw >= TEACHER_SLIP + TEACHER_MALFORMED)
+
+    def slip() -> int:
+        return rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
+
+    if rng.random() < TEACHER_PLAIN:
+        return problem.plain_solution(slip())
+    slips = tuple(slip() for _ in range(NUM_PATHS))
+    return problem.parallel_trace(slips, close_summary=rng.random() >= TEACHER_MALFORMED)
 
 
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
@@ -158,32 +172,37 @@ def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[s
     return files
 
 
-def path_report(evaluations: dict) -> str:
-    """A table, per evaluated model (label -> evaluation folder): how many of its paths give the answer alone (no
-    products worked out), and how often a path of each kind ends on the right answer."""
+def vote_report(evaluations: dict) -> str:
+    """A table, per evaluated model (label -> evaluation folder): how many answers hold a block, how often one path
+    of a block reaches the right result, how often the block's answer is right (the vote's gain is the difference),
+    how often the paths of a block disagree, and how often the answers without a block are right."""
     from ..format import parse
     from ..resume import read_lines
 
     lines = [
-        "| Model | Paths | Answer alone % | Right, answer alone % | Right, worked out % |",
-        "|---|---|---|---|---|",
+        "| Model | Answers | With a block % | Path right % | Block answer right % | Vote gain (points) "
+        "| Paths disagree % | Plain answer right % |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    share = lambda n, of: f"{100 * n / of:.1f}" if of else "-"  # noqa: E731
     for label, folder in evaluations.items():
-        counts = {True: [0, 0], False: [0, 0]}  # answer alone? -> [paths, right]
+        paths = paths_right = blocks = disagree = 0
+        block_answers, plain_answers = [], []
         for record in read_lines(Path(folder) / "completions.jsonl"):
-            for block in parse(record["completion"]).blocks:
-                for path in block.paths:
-                    numbers = re.findall(r"\d+", path.body)
-                    alone = "*" not in path.body
-                    counts[alone][0] += 1
-                    counts[alone][1] += bool(numbers) and numbers[-1] == str(record["reference"])
-        total = counts[True][0] + counts[False][0]
-        if not total:
-            continue
-        share = lambda n, of: f"{100 * n / of:.1f}" if of else "-"  # noqa: E731
+            parsed = parse(record["completion"])
+            (block_answers if parsed.blocks else plain_answers).append(record["correct"])
+            for block in parsed.blocks:
+                results = [(re.findall(r"\d+", path.body) or [None])[-1] for path in block.paths]
+                paths += len(results)
+                paths_right += sum(r == str(record["reference"]) for r in results)
+                blocks += 1
+                disagree += len(set(results)) > 1
+        total = len(block_answers) + len(plain_answers)
+        gain = f"{100 * (sum(block_answers) / len(block_answers) - paths_right / paths):+.1f}" if paths else "-"
         lines.append(
-            f"| {label} | {total} | {share(counts[True][0], total)} | {share(counts[True][1], counts[True][0])} "
-            f"| {share(counts[False][1], counts[False][0])} |"
+            f"| {label} | {total} | {share(len(block_answers), total)} | {share(paths_right, paths)} "
+            f"| {share(sum(block_answers), len(block_answers))} | {gain} | {share(disagree, blocks)} "
+            f"| {share(sum(plain_answers), len(plain_answers))} |"
         )
     return "\n".join(lines)
 

@@ -16,17 +16,23 @@ def shown_name(benchmark: str) -> str:
     return Path(benchmark).name if benchmark.endswith(LOCAL_FILES) else benchmark
 
 
+def _with_error(metrics: dict, name: str) -> str:
+    """A metric and its standard error over problems, in percent: `52.2 ± 1.9`."""
+    return f"{_percent(metrics[name])} ± {_percent(metrics[f'{name}_stderr'])}"
+
+
 def _accuracy(metrics: dict) -> str:
-    """mean@k / pass@k in percent (mean only when k is 1)."""
+    """mean@k / pass@k in percent, each with its standard error (mean only when k is 1)."""
     k = metrics["samples"]
     if k == 1:
-        return _percent(metrics["mean@1"])
-    return f"{_percent(metrics[f'mean@{k}'])} / {_percent(metrics[f'pass@{k}'])}"
+        return _with_error(metrics, "mean@1")
+    return f"{_with_error(metrics, f'mean@{k}')} / {_with_error(metrics, f'pass@{k}')}"
 
 
 def markdown_table(results: list) -> str:
     """The paper's main table for results of the same benchmarks: parallel ratio, accuracy per benchmark
-    (mean@k / pass@k), the average of the means; then the shape of each model's completions."""
+    (mean@k / pass@k, each ± its standard error over problems), the average of the means; then the shape of each
+    model's completions."""
     first = results[0]["benchmarks"]
     header = ["Model", "Parallel %"]
     header += [

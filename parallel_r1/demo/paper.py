@@ -1,0 +1,168 @@
+"""The paper's findings in miniature (`make demo-paper`): which of our runs stands for which row of the paper, the
+paper's numbers beside ours, one line per finding saying whether its direction holds here, and the drift of the
+block's position over training.
+
+The paper's numbers are those of Qwen3-4B-Base (parallel ratio and the average of its benchmark means; the tiered
+ablation reports a parallel ratio only). Ours are mean@k on the demo's held-out problems. Only directions are
+compared: the scales have nothing in common.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+# label -> (the model's folder under the demo's output, evaluated without the engine?, extra flags of the evaluation)
+PAPER_ROWS = {
+    "base": ("base-special", True, ()),
+    "sft-seen": ("sft-seen", False, ("--attention", "causal", "--rollout_mode", "sequential")),
+    "sft-unseen": ("sft", False, ()),
+    "grpo-plain": ("grpo-plain", True, ()),
+    "r1-seen": ("paper/seen", False, ("--attention", "causal", "--rollout_mode", "sequential")),
+    "r1-unseen-s1": ("paper/s1", False, ()),
+    "r1-unseen-s2": ("grpo", False, ()),
+    "r1-unseen-tiered": ("paper/tiered", False, ()),
+    "mid-training": ("paper/mid-training", False, ()),
+}
+# label -> (the paper's row, its parallel %, its average of means or None)
+PAPER = {
+    "base": ("Qwen3-4B-Base", 0.0, 6.6),
+    "sft-seen": ("Parallel-SFT-Seen", 95.6, 36.0),
+    "sft-unseen": ("Parallel-SFT-Unseen", None, None),
+    "grpo-plain": ("GRPO on DAPO (no blocks)", 0.0, 45.1),
+    "r1-seen": ("Parallel-R1-Seen", 27.3, 48.9),
+    "r1-unseen-s1": ("Parallel-R1-Unseen S1 (accuracy)", 13.6, 47.1),
+    "r1-unseen-s2": ("Parallel-R1-Unseen S2 (alternating)", 63.0, 46.8),
+    "r1-unseen-tiered": ("Parallel-R1-Unseen, tiered only", 80.3, None),
+    "mid-training": ("Mid-training (S2, then accuracy)", 0.0, None),
+}
+RL_RUNS = ("grpo-plain", "r1-seen", "r1-unseen-s1", "r1-unseen-s2", "r1-unseen-tiered", "mid-training")
+PARALLEL_RUNS = ("r1-seen", "r1-unseen-s1", "r1-unseen-s2")
+WELL_BELOW = 20.0  # points under the SFT ratio that count as "well below" for accuracy-only RL
+POSITION_KEY = "parallel/block_position"
+RATIO_KEY = "parallel/ratio"
+
+
+def _metrics(results: dict) -> dict:
+    ((_, metrics),) = results["benchmarks"].items()
+    return metrics
+
+
+def _mean(results: dict) -> tuple[float, float]:
+    """mean@k and its standard error, in percent."""
+    m = _metrics(results)
+    k = m["samples"]
+    return 100 * m[f"mean@{k}"], 100 * m[f"mean@{k}_stderr"]
+
+
+def logged(states: list[Path | str], key: str) -> list[tuple[int, float]]:
+    """(step, value) of `key` over one RL run whose trainer_state.json files are given in order (a run continued
+    from another's checkpoint counts its steps on from the end of the first)."""
+    points, offset = [], 0
+    for state in states:
+        history = json.loads(Path(state).read_text())["log_history"]
+        run = [(offset + e["step"], e[key]) for e in history if key in e]
+        points += run
+        offset = points[-1][0] if points else offset
+    return points
+
+
+def drift(curves: dict) -> dict:
+    """label -> (block position at the start, at the end) of each run's logged curve: the mean of its first and of
+    its last three points at which blocks were opened (a position is logged as 0 when there were none)."""
+    out = {}
+    for label, states in curves.items():
+        ratios = dict(logged(states, RATIO_KEY))
+        points = [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
+        if len(points) >= 2:
+            window = max(1, min(3, len(points) // 2))
+            start = sum(v for _, v in points[:window]) / window
+            end = sum(v for _, v in points[-window:]) / window
+            out[label] = (start, end)
+    return out
+
+
+def findings(results: dict, drifts: dict) -> list[tuple[str, bool, str]]:
+    """(finding, does its direction hold here, our numbers) for the paper's five findings."""
+    ratio = {label: 100 * _metrics(r)["parallel_ratio"] for label, r in results.items()}
+    mean = {label: _mean(r) for label, r in results.items()}
+    sft = min(ratio["sft-seen"], ratio["sft-unseen"])
+    best = max(PARALLEL_RUNS, key=lambda label: mean[label][0])
+    (m_best, se_best), (m_plain, se_plain) = mean[best], mean["grpo-plain"]
+    margin = m_best - m_plain
+    se_margin = math.hypot(se_best, se_plain)
+    s1, s2, tiered = ratio["r1-unseen-s1"], ratio["r1-unseen-s2"], ratio["r1-unseen-tiered"]
+    later = {label: d for label, d in drifts.items() if d[1] > d[0]}
+    mid = mean["mid-training"][0]
+    return [
+        (
+            "1. Cold-start SFT teaches the format (parallel ratio >= 80%; paper 95.6%)",
+            sft >= 80,
+            f"Seen {ratio['sft-seen']:.1f}%, Unseen {ratio['sft-unseen']:.1f}%",
+        ),
+        (
+            "2. Parallel-R1 beats GRPO without blocks (by more than 2 standard errors of the difference)",
+            margin > 2 * se_margin,
+            f"best variant {best} {m_best:.1f} against {m_plain:.1f}: {margin:+.1f} ± {se_margin:.1f} points",
+        ),
+        (
+            "3. The reward decides whether blocks survive: accuracy < alternating < tiered, accuracy well below SFT",
+            s1 < s2 < tiered and s1 <= ratio["sft-unseen"] - WELL_BELOW,
+            f"parallel % accuracy {s1:.1f}, alternating {s2:.1f}, tiered {tiered:.1f} (SFT {ratio['sft-unseen']:.1f})",
+        ),
+        (
+            "4. The block moves later in the answer over RL, in at least one run",
+            bool(later),
+            ", ".join(f"{label} {a:.2f} -> {b:.2f}" for label, (a, b) in drifts.items()) or "no run opened blocks",
+        ),
+        (
+            "5. Mid-training (S2, then accuracy) ends at or above GRPO without blocks at the same total steps",
+            mid >= m_plain,
+            f"{mid:.1f} against {m_plain:.1f}",
+        ),
+    ]
+
+
+def paper_table(results: dict, drifts: dict) -> str:
+    """Our rows beside the paper's, then the findings, each marked as holding here or not."""
+    lines = [
+        "| Ours | Paper's row | Paper: parallel % | Paper: avg of means | Parallel % | mean@k % | pass@k % | T | D/T "
+        "| Block pos. (RL start -> end) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    show = lambda value: "-" if value is None else f"{value:.1f}"  # noqa: E731
+    for label, results_of in results.items():
+        m = _metrics(results_of)
+        k = m["samples"]
+        name, paper_ratio, paper_mean = PAPER[label]
+        moved = f"{drifts[label][0]:.2f} -> {drifts[label][1]:.2f}" if label in drifts else "-"
+        lines.append(
+            f"| {label} | {name} | {show(paper_ratio)} | {show(paper_mean)} | {100 * m['parallel_ratio']:.1f} "
+            f"| {100 * m[f'mean@{k}']:.1f} ± {100 * m[f'mean@{k}_stderr']:.1f} "
+            f"| {100 * m[f'pass@{k}']:.1f} ± {100 * m[f'pass@{k}_stderr']:.1f} | {m['tokens_total']:.0f} "
+            f"| {m['critical_over_total']:.2f} | {moved} |"
+        )
+    lines += ["", "| Finding | Holds here | Our numbers |", "|---|---|---|"]
+    lines += [
+        f"| {text} | {'yes' if holds else 'no'} | {numbers} |" for text, holds, numbers in findings(results, drifts)
+    ]
+    return "\n".join(lines)
+
+
+def plot_drift(curves: dict, path: Path) -> Path:
+    """The block's relative position over training steps, one line per RL run that opened blocks."""
+    from ..evaluation.plots import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axis = plt.subplots(figsize=(8, 4))
+    for label, states in curves.items():
+        ratios = dict(logged(states, RATIO_KEY))
+        points = [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
+        if points:
+            axis.plot(*zip(*points), marker=".", label=label)
+    axis.set(xlabel="training step", ylabel="block position in the answer (0 start, 1 end)")
+    axis.set_title("Where the block opens, over RL")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return _save(fig, path)
