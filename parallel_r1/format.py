@@ -13,7 +13,7 @@ sampled with: inside a path every token up to `</Path>` belongs to that path, wh
 
 `Parsed.errors` lists every rule a completion breaks, each with a code, where and why. A
 completion is well-formed when the list is empty. The rules are the official tag-stack checker's
-(REFERENCE §1) plus these, which are stricter:
+(docs/paper.md, the format) plus these, which are stricter:
 
 - `</Summary>` must close every summary (the official check ignores it), because an unclosed
   summary means the rollout was cut and the merge step never finished.
@@ -383,7 +383,7 @@ def serialize(parsed: Parsed, vocab: TagVocab | None = None) -> str | tuple:
 
 
 def canonical_block(paths: list[str], summary: str) -> str:
-    """The canonical text of one block (REFERENCE §1): contiguous tags, `\\n` before the summary."""
+    """The canonical text of one block (docs/paper.md, the format): contiguous tags, `\\n` before the summary."""
     body = "".join(f"{PATH_OPEN}{p}{PATH_CLOSE}" for p in paths)
     return f"{PARALLEL_OPEN}{body}{PARALLEL_CLOSE}\n{SUMMARY_OPEN}{summary}{SUMMARY_CLOSE}"
 

@@ -1,6 +1,6 @@
 """Positions and attention of the structured variants, isolated ("Unseen") and tree, as functions of the token ids.
 
-The rule (REFERENCE §4), for the completion part of a sequence:
+The rule (docs/paper.md, Seen and Unseen), for the completion part of a sequence:
 - A path never sees a sibling path of its own block. Everything else is causal: a path sees the
   prompt, the main text before its block, earlier blocks and its own earlier tokens; whatever comes
   after a block's paths (`</Parallel>`, the summary, the rest of the completion) sees all of them.

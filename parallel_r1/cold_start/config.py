@@ -102,8 +102,8 @@ class ColdStartConfig:
     vllm_max_model_length: int | None = field(default=None, metadata={"help": "vllm: context length."})
     vllm_enforce_eager: bool = field(default=False, metadata={"help": "vllm: no CUDA graphs."})
 
-    # Filters (REFERENCE §2 step 2: the paper kept well-formed answers ending with a Final Answer line that fit
-    # 4096 tokens with the prompt)
+    # Filters (docs/paper.md, the cold start: the paper kept well-formed answers ending with a Final Answer line
+    # that fit 4096 tokens with the prompt)
     drop_reasoning: bool = field(
         default=True,
         metadata={"help": "Keep only what follows the last </think> (reasoning teachers such as DeepSeek-R1)."},

@@ -12,8 +12,9 @@ from tabulate import tabulate
 from .config import ColdStartConfig
 from .filters import RULES, Verdict
 
-PAPER_VALID_RATE = 0.837  # REFERENCE §2 step 2: GSM8K problems for which the teacher wrote a valid trace (the
-# paper's format check: well-formed, ending with a Final Answer line)
+# docs/paper.md, the cold start: GSM8K problems for which the teacher wrote a valid trace (the paper's
+# format check: well-formed, ending with a Final Answer line)
+PAPER_VALID_RATE = 0.837
 FILTER_KEYS = (
     "drop_reasoning",
     "require_finished",

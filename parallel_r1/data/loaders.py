@@ -119,7 +119,7 @@ def final_answer(response: str) -> str | None:
 def trace_problem(response: str) -> str | None:
     """Why a cold-start trace is unfit for SFT (a format error code, or `no_final_answer`); None if fit.
 
-    The paper's filter (REFERENCE §2 step 2): the response must be well-formed and end with a
+    The paper's filter (docs/paper.md, the cold start): the response must be well-formed and end with a
     `Final Answer:` line.
     """
     parsed = parse(response)
@@ -296,7 +296,7 @@ def to_sft_traces(
 def drop_long_traces(dataset: Dataset, tokenizer, max_length: int, name: str = "dataset") -> Dataset:
     """The prompt-completion rows whose whole conversation, chat template applied, fits `max_length` tokens.
 
-    The official SFT drops the longer rows (REFERENCE §2b); left in, TRL would cut them at `max_length`, and a cut
+    The official SFT drops the longer rows (docs/paper.md, the cold start); left in, TRL would cut them at `max_length`, and a cut
     trace loses its end: the `Final Answer:` line and the end-of-turn token the model must learn to write. A
     tokenizer without the tags counts as it will once the trainer adds them (on a copy: the trainer must still
     find them missing, to give them embedding rows).

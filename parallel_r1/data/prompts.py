@@ -1,6 +1,6 @@
 """The prompt templates: the instruction a problem is wrapped in, as one chat user turn.
 
-- `parallel` asks for step-by-step reasoning with parallel blocks where they help (REFERENCE §2):
+- `parallel` asks for step-by-step reasoning with parallel blocks where they help (docs/paper.md, the cold start):
   a block is `<Parallel>`, two or more independent `<Path>`s, `</Parallel>`, then straight away a
   `<Summary>` that merges them; blocks may repeat; the answer goes on a last `Final Answer:` line.
 - `plain` asks for the same reasoning and the same last line, with no tags (the sequential baseline).

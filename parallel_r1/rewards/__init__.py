@@ -1,6 +1,6 @@
 """Rewards for Parallel-R1: every variant of the paper, as TRL reward functions chosen by name.
 
-- `variants`: the rewards (REFERENCE §3) and `Reward`, the wrapper that gives a rule TRL's signature.
+- `variants`: the rewards (docs/paper.md, the rewards) and `Reward`, the wrapper that gives a rule TRL's signature.
 - `schedules`: `alternating` and `switch`, which pick a reward by the step in `trainer_state`.
 - `registry`: `get_reward_funcs(specs)`, from the names and schedule calls recipes write.
 - `completion`, `diversity`: what the rules read (answer correct, blocks, well-formed, self-BLEU, efficiency).

@@ -1,4 +1,4 @@
-"""Every Parallel-R1 reward (REFERENCE §3), as TRL reward functions.
+"""Every Parallel-R1 reward (docs/paper.md, the rewards), as TRL reward functions.
 
 c: the answer is correct; P: blocks opened; F: well-formed; b: self-BLEU of the paths (0..1, see `diversity`);
 g: efficiency (see `completion`). Each reward is a rule on one `Completion`, wrapped by `Reward` into TRL's
