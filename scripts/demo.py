@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from parallel_r1.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
 from parallel_r1.demo.task import vote_report
 
@@ -117,13 +119,16 @@ class Demo:
              "--dataset_name", self.path("data", "cold_start.jsonl"), "--student_tokenizer", self.path("base-special"),
              "--output_dir", self.path("cold-start"), "--seed", str(self.seed), *self.extra("cold_start")],
         )  # fmt: skip
+        self.sft("sft", "SFT on the traces (Unseen)")
+
+    def sft(self, output: str, title: str, extra: tuple = ()) -> None:
         self.stage(
-            "SFT on the traces (Unseen)",
-            "sft",
+            title,
+            output,
             [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"),
              "--model_name_or_path", self.path("base-special"),
-             "--dataset_name", self.path("cold-start", "train.parquet"), "--output_dir", self.path("sft"),
-             "--seed", str(self.seed), *self.extra("sft")],
+             "--dataset_name", self.path("cold-start", "train.parquet"), "--output_dir", self.path(output),
+             "--seed", str(self.seed), *self.extra("sft"), *extra],
         )  # fmt: skip
 
     def grpo(self, output: str, reward: str | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
@@ -183,14 +188,7 @@ class Demo:
     def paper(self) -> None:
         """Every row and experiment of the paper from one base, with the same RL budget for every run."""
         self.prepare()
-        self.stage(
-            "SFT on the traces (Seen)",
-            "sft-seen",
-            [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"), "--attention", "causal",
-             "--model_name_or_path", self.path("base-special"),
-             "--dataset_name", self.path("cold-start", "train.parquet"), "--output_dir", self.path("sft-seen"),
-             "--seed", str(self.seed), *self.extra("sft")],
-        )  # fmt: skip
+        self.sft("sft-seen", "SFT on the traces (Seen)", extra=("--attention", "causal"))
         self.grpo_plain()
         half = str(self.steps() // 2)
         self.grpo("grpo", title="Parallel-R1-Unseen S2 (alternating reward)",
@@ -219,8 +217,7 @@ class Demo:
         """GRPO's optimizer steps in this run: the recipe's, or the quick run's."""
         if self.quick:
             return int(QUICK["grpo"][QUICK["grpo"].index("--max_steps") + 1])
-        return int(next(line.split(":")[1] for line in (RECIPES / "grpo.yaml").read_text().splitlines()
-                        if line.startswith("max_steps:")))  # fmt: skip
+        return yaml.safe_load((RECIPES / "grpo.yaml").read_text())["max_steps"]
 
     def summary(self, table: Path, models: list[str], timings: Path) -> None:
         """Write the `timings` file; print the table, the timings and where everything is."""

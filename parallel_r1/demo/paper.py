@@ -68,13 +68,19 @@ def logged(states: list[Path | str], key: str) -> list[tuple[int, float]]:
     return points
 
 
+def block_positions(states: list[Path | str]) -> list[tuple[int, float]]:
+    """(step, block position) of one RL run at the logged steps where it opened blocks (a position is logged as 0
+    when there were none)."""
+    ratios = dict(logged(states, RATIO_KEY))
+    return [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
+
+
 def drift(curves: dict) -> dict:
     """label -> (block position at the start, at the end) of each run's logged curve: the mean of its first and of
-    its last three points at which blocks were opened (a position is logged as 0 when there were none)."""
+    its last three points at which blocks were opened."""
     out = {}
     for label, states in curves.items():
-        ratios = dict(logged(states, RATIO_KEY))
-        points = [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
+        points = block_positions(states)
         if len(points) >= 2:
             window = max(1, min(3, len(points) // 2))
             start = sum(v for _, v in points[:window]) / window
@@ -157,9 +163,7 @@ def plot_drift(curves: dict, path: Path) -> Path:
     plt = _pyplot()
     fig, axis = plt.subplots(figsize=(8, 4))
     for label, states in curves.items():
-        ratios = dict(logged(states, RATIO_KEY))
-        points = [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
-        if points:
+        if points := block_positions(states):
             axis.plot(*zip(*points), marker=".", label=label)
     axis.set(xlabel="training step", ylabel="block position in the answer (0 start, 1 end)")
     axis.set_title("Where the block opens, over RL")
