@@ -58,27 +58,32 @@ class Launch:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def kill_when(self, ready, what: str) -> None:
-        """SIGKILL the process group as soon as `ready()` holds."""
-        deadline = time.time() + PHASE_TIMEOUT
-        while not ready():
-            assert self.process.poll() is None, f"ended before {what}:\n{self.text()[-3000:]}"
-            assert time.time() < deadline, f"no {what} in {PHASE_TIMEOUT} s"
-            time.sleep(0.01)
+    timeout = PHASE_TIMEOUT  # seconds a launch may take to reach what is waited for, or to end
+
+    def kill(self) -> None:
+        """SIGKILL the process group."""
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
+    def kill_when(self, ready, what: str) -> None:
+        """`kill` as soon as `ready()` holds."""
+        deadline = time.time() + self.timeout
+        while not ready():
+            assert self.process.poll() is None, f"ended before {what}:\n{self.text()[-3000:]}"
+            assert time.time() < deadline, f"no {what} in {self.timeout} s"
+            time.sleep(0.01)
+        self.kill()
+
     def finish(self) -> int:
         try:
-            return self.process.wait(timeout=PHASE_TIMEOUT)
+            return self.process.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             self.stop()
             raise
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            self.kill()
 
     def __enter__(self) -> Launch:
         return self

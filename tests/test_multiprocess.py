@@ -22,9 +22,7 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -80,6 +78,8 @@ class Launches(Launch):
     the launcher's process group (as `Launch` does) would leave the workers training on; these kills reach every
     process of the run at once, as a crash of the machine would."""
 
+    timeout = TIMEOUT
+
     def kill(self) -> None:
         everyone = [*descendants(self.process.pid), self.process.pid]  # read before any dies and is reparented
         for pid in everyone:
@@ -88,25 +88,6 @@ class Launches(Launch):
             except ProcessLookupError:
                 pass
         self.process.wait()
-
-    def kill_when(self, ready, what: str) -> None:
-        deadline = time.time() + TIMEOUT
-        while not ready():
-            assert self.process.poll() is None, f"ended before {what}:\n{self.text()[-3000:]}"
-            assert time.time() < deadline, f"no {what} in {TIMEOUT} s"
-            time.sleep(0.01)
-        self.kill()
-
-    def finish(self) -> int:
-        try:
-            return self.process.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.kill()
 
 
 def command(setup: str, port: int, script: list, *flags: str) -> list:
