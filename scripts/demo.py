@@ -32,6 +32,7 @@ import yaml
 
 from parallel_r1.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
 from parallel_r1.demo.task import vote_report
+from parallel_r1.resume import read_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
@@ -56,8 +57,8 @@ QUICK = {
 class Demo:
     """Runs the stages in order into one folder, each with a banner, its output shown and kept in logs/."""
 
-    def __init__(self, output_dir: Path, seed: int, quick: bool):
-        self.out, self.seed, self.quick = output_dir, seed, quick
+    def __init__(self, output_dir: Path, seed: int, quick: bool, rl_steps: int | None = None):
+        self.out, self.seed, self.quick, self.rl_steps = output_dir, seed, quick, rl_steps
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
@@ -134,12 +135,14 @@ class Demo:
     def grpo(self, output: str, reward: str | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
              start: str = "sft", recipe: str = "grpo.yaml", extra: tuple = ()) -> None:  # fmt: skip
         rewards = ["--reward_funcs", reward] if reward else []
+        budget = ["--max_steps", str(self.rl_steps)] if self.rl_steps else []
         self.stage(
             title,
             output.replace("/", "-"),
             [*ACCELERATE, "scripts/grpo.py", "--config", str(RECIPES / recipe),
              "--model_name_or_path", self.path(start), "--dataset_name", self.path("data", "rl.jsonl"),
-             "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *self.extra("grpo"), *extra],
+             "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *budget, *self.extra("grpo"),
+             *extra],
         )  # fmt: skip
 
     def grpo_plain(self) -> None:
@@ -149,7 +152,7 @@ class Demo:
 
     def evaluate(self, model: str, label: str, plain: bool = False, flags: tuple = ()) -> str:
         folder = self.path("eval", label)
-        k = 2 if self.quick else 4
+        k = 2 if self.quick else 16
         self.stage(
             f"evaluate {label} on the held-out problems",
             f"eval-{label}",
@@ -177,7 +180,8 @@ class Demo:
             "the table and the plots",
             "plots",
             [*PYTHON, "scripts/plot.py", "--evaluations", *folders,
-             "--trainer_state", self.path("grpo", "trainer_state.json"), "--output_dir", results],
+             "--trainer_state", self.path("grpo", "trainer_state.json"), "--baseline", "grpo-plain",
+             "--output_dir", results],
         )  # fmt: skip
         votes = vote_report({label: self.path("eval", label) for label in ("sft", "parallel-r1")})
         (Path(results) / "votes.md").write_text(votes + "\n")
@@ -203,20 +207,23 @@ class Demo:
             label: self.evaluate(model, label, plain, flags) for label, (model, plain, flags) in PAPER_ROWS.items()
         }
         results = {label: json.loads((Path(f) / "results.json").read_text()) for label, f in folders.items()}
+        records = {label: read_lines(Path(f) / "completions.jsonl") for label, f in folders.items()}
         out = self.out / "paper"
         curves = {label: [self.out / PAPER_ROWS[label][0] / "trainer_state.json"] for label in RL_RUNS}
         curves["mid-training"].insert(0, self.out / "grpo" / f"checkpoint-{half}" / "trainer_state.json")
         drifts = drift(curves)
         plot_drift(curves, out / "block_position.png")
-        (out / "paper_table.md").write_text(paper_table(results, drifts) + "\n")
+        (out / "paper_table.md").write_text(paper_table(results, drifts, records) + "\n")
         parallel = {label: folders[label] for label, (_, plain, _) in PAPER_ROWS.items() if not plain}
         (out / "votes.md").write_text(vote_report(parallel) + "\n")
         self.summary(out / "paper_table.md", [model for model, _, _ in PAPER_ROWS.values()], out / "timings.md")
 
     def steps(self) -> int:
-        """GRPO's optimizer steps in this run: the recipe's, or the quick run's."""
+        """GRPO's optimizer steps in this run: the quick run's, --rl_steps, or the recipe's."""
         if self.quick:
             return int(QUICK["grpo"][QUICK["grpo"].index("--max_steps") + 1])
+        if self.rl_steps:
+            return self.rl_steps
         return yaml.safe_load((RECIPES / "grpo.yaml").read_text())["max_steps"]
 
     def summary(self, table: Path, models: list[str], timings: Path) -> None:
@@ -243,10 +250,18 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (the data split is fixed)")
     parser.add_argument("--quick", action="store_true", help="a few steps per stage (a smoke test, not a result)")
     parser.add_argument("--paper", action="store_true", help="every row and experiment of the paper (make demo-paper)")
+    parser.add_argument(
+        "--rl_steps",
+        type=int,
+        default=None,
+        help="GRPO steps of every RL run, the same for all (default: the recipes' 120); 360 takes about 35 minutes",
+    )
     args = parser.parse_args(argv)
+    if args.rl_steps is not None and args.rl_steps < 2:
+        parser.error(f"--rl_steps must be at least 2, got {args.rl_steps}")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick)
+    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps)
     demo.paper() if args.paper else demo.run()
 
 

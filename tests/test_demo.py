@@ -220,6 +220,9 @@ def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
     for line in rows.values():
         parallel, accuracy = line.split("|")[2:4]
         assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("±")[0]) <= 100
+    (header,) = [i for i, line in enumerate(table) if "mean minus grpo-plain's (points)" in line]
+    against = [line.split("|")[1].strip() for line in table[header + 2 : header + 5]]
+    assert against == ["base", "sft", "parallel-r1"]  # each against the baseline, paired by problem
     assert sorted(p.name for p in (out / "results").glob("*.png"))
     assert (out / "results" / "votes.md").read_text().startswith("| Model | Answers | With a block % |")
     stages = (out / "timings.md").read_text()
@@ -258,6 +261,11 @@ def test_drift_reads_the_logged_block_position_and_follows_a_run_continued_from_
     assert "none" not in drifts  # no block opened: no position to follow
 
 
+def records_right_on(problems) -> list:
+    """Evaluation records of 100 problems, one sample each, right on `problems`."""
+    return [{"benchmark": "test.jsonl", "problem_index": i, "correct": i in problems} for i in range(100)]
+
+
 def test_the_paper_table_marks_each_finding_by_its_direction():
     results = {
         "base": results_of(0.80, 0.0), "sft-seen": results_of(0.50, 0.95), "sft-unseen": results_of(0.55, 0.90),
@@ -265,18 +273,23 @@ def test_the_paper_table_marks_each_finding_by_its_direction():
         "r1-unseen-s2": results_of(0.89, 0.6), "r1-unseen-tiered": results_of(0.87, 0.95),
         "mid-training": results_of(0.86, 0.1),
     }  # fmt: skip
-    holds = {text[0]: ok for text, ok, _ in findings(results, {"r1-unseen-s2": (0.2, 0.5)})}
+    # 2 is weighed by the error of the difference paired by problem. The best variant (s1) is right on 90 problems
+    # and the baseline on 85; when the baseline's 85 are among the 90, the gap is +5 ± 2.2 points (2.3 SE); when 5
+    # of them are not, the same +5 has 10 problems against and 5 for it: ± 3.9 points (1.3 SE).
+    records = {"r1-unseen-s1": records_right_on(range(90)), "grpo-plain": records_right_on(range(85))}
+    holds = {text[0]: ok for text, ok, _ in findings(results, {"r1-unseen-s2": (0.2, 0.5)}, records)}
     assert holds == {"1": True, "2": True, "3": True, "4": True, "5": True}
-    # 2: a margin of 5 points is 3.5 standard errors of the difference at 1 point each, but not at 2 points each
-    worse = {**results, "r1-unseen-s1": results_of(0.90, 0.3, stderr=0.02), "grpo-plain": results_of(0.85, 0.0, 0.02)}
-    assert not dict((t[0], ok) for t, ok, _ in findings(worse, {}))["2"]
-    assert not dict((t[0], ok) for t, ok, _ in findings(worse, {}))["4"]  # no run moved its block later
+    crossed = {**records, "grpo-plain": records_right_on(range(10, 95))}
+    numbers = {text[0]: (ok, said) for text, ok, said in findings(results, {}, crossed)}
+    assert numbers["2"] == (False, "best variant r1-unseen-s1 90.0 against 85.0: +5.0 ± 3.9 points")
+    assert not numbers["4"][0]  # no run moved its block later
     flat = {**results, "r1-unseen-s1": results_of(0.90, 0.85)}  # accuracy-only kept its blocks
-    assert not dict((t[0], ok) for t, ok, _ in findings(flat, {}))["3"]
-    table = paper_table(results, {"r1-unseen-s2": (0.2, 0.5)}).splitlines()
+    assert not dict((t[0], ok) for t, ok, _ in findings(flat, {}, records))["3"]
+    table = paper_table(results, {"r1-unseen-s2": (0.2, 0.5)}, records).splitlines()
     assert table[0].startswith("| Ours | Paper's row |") and len(table) == 2 + len(results) + 1 + 2 + 5
     assert "| r1-unseen-s2 | Parallel-R1-Unseen S2 (alternating) | 63.0 | 46.8 | 60.0 | 89.0 ± 1.0 |" in table[8]
     assert table[8].endswith("| 0.20 -> 0.50 |") and table[-1].endswith("| yes | 86.0 against 85.0 |")
+    assert "+5.0 ± 2.2 points" in table[-4]
 
 
 @pytest.mark.slow

@@ -7,8 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parallel_r1.evaluation.metrics import benchmark_metrics, majority_correct, pass_at_k, standard_error, summarize
-from parallel_r1.evaluation.report import markdown_table
+from parallel_r1.evaluation.metrics import (
+    benchmark_metrics,
+    majority_correct,
+    paired_difference,
+    pass_at_k,
+    standard_error,
+    summarize,
+)
+from parallel_r1.evaluation.report import difference_table, markdown_table
 
 
 def brute_force_pass_at_k(outcomes: list, k: int) -> float:
@@ -146,3 +153,36 @@ def test_parallel_ratio_and_critical_path_of_hand_written_completions(tiny_token
     assert m["block_position"] == pytest.approx(
         (len(encode("Think.")) / len(parallel) + len(encode("Hmm")) / len(broken)) / 2
     )
+
+
+def test_paired_difference_weighs_the_gap_by_its_own_spread_over_problems():
+    # Problem 0 is easy for both models, problem 1 hard for both; the first model is one sample in two better on
+    # each. The gap is the same on every problem, so its paired error is 0, where the unpaired one is not.
+    ours = [record(0, 0, True), record(0, 1, True), record(1, 0, True), record(1, 1, False)]
+    theirs = [record(0, 0, True), record(0, 1, False), record(1, 0, False), record(1, 1, False)]
+    assert paired_difference(ours, theirs) == (pytest.approx(0.5), 0.0)
+    assert paired_difference(theirs, ours)[0] == pytest.approx(-0.5)
+    ours[3]["correct"] = True  # now the gaps are 0.5 and 1.0
+    assert paired_difference(ours, theirs) == (pytest.approx(0.75), pytest.approx(standard_error([0.5, 1.0])))
+
+
+def test_paired_difference_needs_the_same_problems():
+    with pytest.raises(ValueError, match="1 only in the first, 0 only in the baseline"):
+        paired_difference([record(0, 0, True), record(1, 0, True)], [record(0, 0, True)])
+    with pytest.raises(ValueError, match="same problems"):  # the same index in another benchmark is another problem
+        paired_difference([record(0, 0, True, benchmark="a")], [record(0, 0, True, benchmark="b")])
+
+
+def test_difference_table_against_a_baseline_per_benchmark():
+    def model(label, right):  # `right`: (benchmark, problem) -> how many of its 2 samples are correct
+        rows = [record(p, s, s < n, benchmark=b) for (b, p), n in right.items() for s in range(2)]
+        return {"label": label, **summarize(rows)}, rows
+
+    plain = model("plain", {("x", 0): 1, ("x", 1): 0, ("y", 0): 2})
+    ours = model("ours", {("x", 0): 2, ("x", 1): 2, ("y", 0): 2})
+    table = difference_table([plain, ours], baseline="plain")
+    gap_x = standard_error([0.5, 1.0])
+    assert f"| ours | +75.0 ± {100 * gap_x:.1f} ({0.75 / gap_x:+.1f} SE) | +0.0 |" in table  # y: no spread, no error
+    assert "| plain |" not in table and "x: mean minus plain's (points)" in table
+    with pytest.raises(ValueError, match="the baseline 'grpo' is not among the evaluations"):
+        difference_table([plain, ours], baseline="grpo")

@@ -10,8 +10,9 @@ compared: the scales have nothing in common.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
+
+from ..evaluation.metrics import paired_difference
 
 # label -> (the model's folder under the demo's output, evaluated without the engine?, extra flags of the evaluation)
 PAPER_ROWS = {
@@ -89,15 +90,15 @@ def drift(curves: dict) -> dict:
     return out
 
 
-def findings(results: dict, drifts: dict) -> list[tuple[str, bool, str]]:
-    """(finding, does its direction hold here, our numbers) for the paper's five findings."""
+def findings(results: dict, drifts: dict, records: dict) -> list[tuple[str, bool, str]]:
+    """(finding, does its direction hold here, our numbers) for the paper's five findings; `records`: label -> the
+    completion records of its evaluation (a gap between two models is weighed by its error paired by problem)."""
     ratio = {label: 100 * _metrics(r)["parallel_ratio"] for label, r in results.items()}
     mean = {label: _mean(r) for label, r in results.items()}
     sft = min(ratio["sft-seen"], ratio["sft-unseen"])
     best = max(PARALLEL_RUNS, key=lambda label: mean[label][0])
-    (m_best, se_best), (m_plain, se_plain) = mean[best], mean["grpo-plain"]
-    margin = m_best - m_plain
-    se_margin = math.hypot(se_best, se_plain)
+    m_best, m_plain = mean[best][0], mean["grpo-plain"][0]
+    margin, se_margin = (100 * v for v in paired_difference(records[best], records["grpo-plain"]))
     s1, s2, tiered = ratio["r1-unseen-s1"], ratio["r1-unseen-s2"], ratio["r1-unseen-tiered"]
     later = {label: d for label, d in drifts.items() if d[1] > d[0]}
     mid = mean["mid-training"][0]
@@ -108,7 +109,7 @@ def findings(results: dict, drifts: dict) -> list[tuple[str, bool, str]]:
             f"Seen {ratio['sft-seen']:.1f}%, Unseen {ratio['sft-unseen']:.1f}%",
         ),
         (
-            "2. Parallel-R1 beats GRPO without blocks (by more than 2 standard errors of the difference)",
+            "2. Parallel-R1 beats GRPO without blocks (by more than 2 standard errors of the difference, paired by problem)",
             margin > 2 * se_margin,
             f"best variant {best} {m_best:.1f} against {m_plain:.1f}: {margin:+.1f} ± {se_margin:.1f} points",
         ),
@@ -130,7 +131,7 @@ def findings(results: dict, drifts: dict) -> list[tuple[str, bool, str]]:
     ]
 
 
-def paper_table(results: dict, drifts: dict) -> str:
+def paper_table(results: dict, drifts: dict, records: dict) -> str:
     """Our rows beside the paper's, then the findings, each marked as holding here or not."""
     lines = [
         "| Ours | Paper's row | Paper: parallel % | Paper: avg of means | Parallel % | mean@k % | pass@k % | T | D/T "
@@ -151,7 +152,8 @@ def paper_table(results: dict, drifts: dict) -> str:
         )
     lines += ["", "| Finding | Holds here | Our numbers |", "|---|---|---|"]
     lines += [
-        f"| {text} | {'yes' if holds else 'no'} | {numbers} |" for text, holds, numbers in findings(results, drifts)
+        f"| {text} | {'yes' if holds else 'no'} | {numbers} |"
+        for text, holds, numbers in findings(results, drifts, records)
     ]
     return "\n".join(lines)
 

@@ -13,6 +13,9 @@ answer it gives, and its shape. For a benchmark of P problems with n samples eac
   is not solved.
 - Standard errors: the sample standard deviation over problems of the per-problem value, divided by sqrt(P)
   (0 for one problem).
+- The difference of two models on the same problems (`paired_difference`): the mean over problems of the
+  difference of their per-problem accuracies c_i / n, and its standard error over problems. Pairing removes what
+  the problems' difficulty adds to each model's own error, so it is the error to weigh a gap between two rows by.
 - Shape, over all completions of the benchmark: parallel ratio (share with at least one block and
   well-formed, `format.Parsed.has_parallel`), format validity (share well-formed), blocks per completion,
   paths per block, mean relative position of `<Parallel>` (over all blocks, 0 = start, 1 = end), mean total
@@ -66,6 +69,27 @@ def standard_error(values: list) -> float:
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+def per_problem_accuracy(records: list) -> dict:
+    """(benchmark, problem_index) -> the share of its samples that are correct."""
+    problems = defaultdict(list)
+    for record in records:
+        problems[record["benchmark"], record["problem_index"]].append(bool(record["correct"]))
+    return {index: sum(c) / len(c) for index, c in problems.items()}
+
+
+def paired_difference(records: list, baseline: list) -> tuple[float, float]:
+    """(mean accuracy of `records` minus that of `baseline`, its standard error), paired by problem: both must hold
+    the same problems (of one benchmark or several, each problem weighing the same)."""
+    ours, theirs = per_problem_accuracy(records), per_problem_accuracy(baseline)
+    if ours.keys() != theirs.keys():
+        raise ValueError(
+            f"a paired difference needs the same problems on both sides: {len(ours.keys() - theirs.keys())} "
+            f"only in the first, {len(theirs.keys() - ours.keys())} only in the baseline"
+        )
+    gaps = [ours[index] - theirs[index] for index in sorted(ours)]
+    return _mean(gaps), standard_error(gaps)
 
 
 def benchmark_metrics(records: list) -> dict:

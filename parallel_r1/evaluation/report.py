@@ -1,8 +1,11 @@
-"""Tables of results: the paper's main table (one row per model) and the shape of the completions."""
+"""Tables of results: the paper's main table (one row per model), the shape of the completions, and each model
+against a baseline, paired by problem."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from .metrics import paired_difference
 
 LOCAL_FILES = (".jsonl", ".json", ".parquet")
 
@@ -81,4 +84,31 @@ def shape_table(results: list) -> str:
                 f"{m['critical_over_total']:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def difference_table(evaluations: list, baseline: str) -> str:
+    """Each model's mean@k minus the `baseline` model's, per benchmark, in points ± the standard error of the
+    difference paired by problem (`metrics.paired_difference`). `evaluations`: (results, completion records) per
+    model, the baseline among them by its label."""
+    by_label = {results["label"]: (results, records) for results, records in evaluations}
+    if baseline not in by_label:
+        raise ValueError(f"the baseline {baseline!r} is not among the evaluations: {sorted(by_label)}")
+    names = list(by_label[baseline][0]["benchmarks"])
+    of = lambda records, name: [r for r in records if r["benchmark"] == name]  # noqa: E731
+    header = ["Model"] + [f"{shown_name(name)}: mean minus {baseline}'s (points)" for name in names]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, (results, records) in by_label.items():
+        if label == baseline:
+            continue
+        cells = [label]
+        for name in names:
+            if name not in results["benchmarks"]:
+                cells.append("-")
+                continue
+            gap, error = paired_difference(of(records, name), of(by_label[baseline][1], name))
+            cells.append(
+                f"{100 * gap:+.1f} ± {100 * error:.1f} ({gap / error:+.1f} SE)" if error else f"{100 * gap:+.1f}"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
