@@ -152,7 +152,7 @@ class Demo:
 
     def evaluate(self, model: str, label: str, plain: bool = False, flags: tuple = ()) -> str:
         folder = self.path("eval", label)
-        k = 2 if self.quick else 16
+        k = 2 if self.quick else self.samples()
         self.stage(
             f"evaluate {label} on the held-out problems",
             f"eval-{label}",
@@ -225,6 +225,11 @@ class Demo:
         if self.rl_steps:
             return self.rl_steps
         return yaml.safe_load((RECIPES / "grpo.yaml").read_text())["max_steps"]
+
+    def samples(self) -> int:
+        """Samples per held-out problem: the evaluation recipe's (its `benchmarks` entry is `file@k`)."""
+        (benchmark,) = yaml.safe_load((RECIPES / "eval.yaml").read_text())["benchmarks"]
+        return int(benchmark.rpartition("@")[2])
 
     def summary(self, table: Path, models: list[str], timings: Path) -> None:
         """Write the `timings` file; print the table, the timings and where everything is."""
