@@ -1,4 +1,4 @@
-"""The Qwen3-4B-Base recipes, key by key, against the paper (REFERENCE.md sections in the tables).
+"""The Qwen3-4B-Base recipes, key by key, against the paper (docs/paper.md sections in the tables).
 
 Every value is read from the parsed recipe (TrlParser, as the scripts read it) for the world size the recipes
 state: one node of 8 GPUs. A deliberate deviation is listed in DEVIATIONS with its reason, and the recipe must say
@@ -19,78 +19,78 @@ GPUS = 8  # "One node of 8 GPUs", in every recipe's header
 DAPO = "BytedTsinghua-SIA/DAPO-Math-17k"
 S2 = "alternating(accuracy, tiered, window=10, a_steps=8)"
 
-# --------------------------------------------------------------------------- SFT (REFERENCE §2 step 3, §2b)
+# --------------------------------------------------------------------------- SFT (docs/paper.md, the settings)
 
 SFT = [  # (key, value, source)
-    ("dataset_name", "Parallel-R1/parallel-r1-cold-start-filter", "§2b: the 5.91k filtered set"),
-    ("num_train_epochs", 5, "§2 step 3"),
-    ("learning_rate", 1e-5, "§2 step 3"),
-    ("lr_scheduler_type", "cosine", "§2 step 3"),
-    ("warmup_steps", 0.1, "§2 step 3: 10% warmup"),
-    ("adam_beta1", 0.9, "§2 step 3"),
-    ("adam_beta2", 0.95, "§2 step 3"),
-    ("weight_decay", 0.01, "§2 step 3"),
-    ("max_grad_norm", 1.0, "§2 step 3"),
-    ("max_length", 4096, "§2 step 3"),
-    ("completion_only_loss", True, "§2 step 3: loss on the response, tags and EOS included"),
-    ("prompt_template", "parallel", "§2 step 3: the instruction + problem, one user turn"),
-    ("global_batch", 128, "§2 step 3, §2b: 8 GPUs x 1 x 16"),
-    ("per_device_train_batch_size", 1, "§2b"),
-    ("gradient_accumulation_steps", 16, "§2b"),
+    ("dataset_name", "Parallel-R1/parallel-r1-cold-start-filter", "settings: the 5.91k filtered set"),
+    ("num_train_epochs", 5, "settings"),
+    ("learning_rate", 1e-5, "settings"),
+    ("lr_scheduler_type", "cosine", "settings"),
+    ("warmup_steps", 0.1, "settings: 10% warmup"),
+    ("adam_beta1", 0.9, "settings"),
+    ("adam_beta2", 0.95, "settings"),
+    ("weight_decay", 0.01, "settings"),
+    ("max_grad_norm", 1.0, "settings"),
+    ("max_length", 4096, "settings"),
+    ("completion_only_loss", True, "settings: loss on the response, tags and EOS included"),
+    ("prompt_template", "parallel", "settings: the instruction + problem, one user turn"),
+    ("global_batch", 128, "settings: 8 GPUs x 1 x 16"),
+    ("per_device_train_batch_size", 1, "settings"),
+    ("gradient_accumulation_steps", 16, "settings"),
 ]
 SFT_ATTENTION = {"seen": "causal", "unseen": "isolated", "unseen_lora": "isolated", "tree": "tree"}
 
-# --------------------------------------------------------------------------- RL (REFERENCE §2 step 4, §2b, §3)
+# --------------------------------------------------------------------------- RL (docs/paper.md, the settings and the rewards)
 
 RL = [
-    ("learning_rate", 1e-6, "§2 step 4"),
-    ("lr_scheduler_type", "constant", "§2 step 4, §2b"),
-    ("warmup_steps", 0, "§2b: no warmup"),
-    ("adam_beta1", 0.9, "§2b"),
-    ("adam_beta2", 0.999, "§2b"),
-    ("weight_decay", 0.01, "§2b"),
-    ("max_grad_norm", 1.0, "§2b"),
-    ("loss_type", "dapo", "§2 step 4: token-mean loss"),
-    ("beta", 0.0, "§2 step 4: no KL"),
-    ("entropy_coef", 0.0, "§2 step 4: no entropy bonus"),
-    ("use_adaptive_entropy", False, "§2 step 4: no entropy bonus"),
-    ("top_entropy_quantile", 1.0, "§2 step 4: every token in the loss"),
-    ("mask_truncated_completions", False, "§2 step 4: no dynamic sampling or filtering"),
-    ("epsilon", 0.2, "§2 step 4: clip 0.2"),
-    ("delta", 3.0, "§2b: dual clip c = 3.0 on negative advantages (TRL's two-sided clip)"),
-    ("temperature", 1.0, "§2 step 4"),
-    ("top_p", 1.0, "§2 step 4: plain sampling"),
-    ("top_k", 0, "§2 step 4: plain sampling"),
-    ("min_p", None, "§2 step 4: plain sampling"),
-    ("repetition_penalty", 1.0, "§2 step 4: plain sampling"),
-    ("scale_rewards", "group", "§2 step 4: GRPO advantages, normalised within each group"),
-    ("max_prompt_length", 2000, "§2 step 4"),
-    ("max_completion_length", 3000, "§2 step 4, §2b"),
-    ("num_iterations", 1, "§2b: each batch split in 2 mini-batches, one pass"),
-    ("use_vllm", True, "§2b: rollouts on vLLM"),
-    ("vllm_tensor_parallel_size", 1, "§2b"),
-    ("vllm_gpu_memory_utilization", 0.7, "§2b"),
-    ("vllm_max_model_length", 5000, "§2 step 4: 2000 prompt + 3000 response"),
-    ("vllm_importance_sampling_correction", False, "§6: the official code corrects nothing"),
+    ("learning_rate", 1e-6, "settings"),
+    ("lr_scheduler_type", "constant", "settings"),
+    ("warmup_steps", 0, "settings: no warmup"),
+    ("adam_beta1", 0.9, "settings"),
+    ("adam_beta2", 0.999, "settings"),
+    ("weight_decay", 0.01, "settings"),
+    ("max_grad_norm", 1.0, "settings"),
+    ("loss_type", "dapo", "settings: token-mean loss"),
+    ("beta", 0.0, "settings: no KL"),
+    ("entropy_coef", 0.0, "settings: no entropy bonus"),
+    ("use_adaptive_entropy", False, "settings: no entropy bonus"),
+    ("top_entropy_quantile", 1.0, "settings: every token in the loss"),
+    ("mask_truncated_completions", False, "settings: no dynamic sampling or filtering"),
+    ("epsilon", 0.2, "settings: clip 0.2"),
+    ("delta", 3.0, "settings: dual clip c = 3.0 on negative advantages (TRL's two-sided clip)"),
+    ("temperature", 1.0, "settings"),
+    ("top_p", 1.0, "settings: plain sampling"),
+    ("top_k", 0, "settings: plain sampling"),
+    ("min_p", None, "settings: plain sampling"),
+    ("repetition_penalty", 1.0, "settings: plain sampling"),
+    ("scale_rewards", "group", "settings: GRPO advantages, normalised within each group"),
+    ("max_prompt_length", 2000, "settings"),
+    ("max_completion_length", 3000, "settings"),
+    ("num_iterations", 1, "settings: each batch split in 2 mini-batches, one pass"),
+    ("use_vllm", True, "settings: rollouts on vLLM"),
+    ("vllm_tensor_parallel_size", 1, "settings"),
+    ("vllm_gpu_memory_utilization", 0.7, "settings"),
+    ("vllm_max_model_length", 5000, "settings: 2000 prompt + 3000 response"),
+    ("vllm_importance_sampling_correction", False, "the official code corrects nothing"),
 ]
 # per generation, so in optimizer steps they depend on the recipe's optimizer steps per generation
 PER_GENERATION = [
-    ("parallel_eval_steps", 2, "§2b: validation every 2 generations"),
-    ("save_steps", 10, "§2b: a checkpoint every 10 generations"),
+    ("parallel_eval_steps", 2, "settings: validation every 2 generations"),
+    ("save_steps", 10, "settings: a checkpoint every 10 generations"),
 ]
 ENGINE = [
-    ("num_paths", 2, "§2b"),
-    ("max_blocks", 4, "§2b"),
-    ("max_path_tokens", 3000, "§2b: a path may run to 4096 within the 3000-token response"),
-    ("max_summary_tokens", 3000, "§2b: no separate summary cap"),
+    ("num_paths", 2, "settings"),
+    ("max_blocks", 4, "settings"),
+    ("max_path_tokens", 3000, "settings: a path may run to 4096 within the 3000-token response"),
+    ("max_summary_tokens", 3000, "settings: no separate summary cap"),
 ]
 # recipe: rewards, epsilon_high, dataset, attention, rollout_mode, (generations, per generation, per step),
 # max_steps (optimizer steps), source of the run length
 GRPO = {
-    "unseen_s1": (["accuracy"], 0.2, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "§2 step 4: ~300 DAPO steps"),
-    "unseen_s2": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "§2 step 4"),
-    "seen_dapo": (["accuracy"], 0.2, DAPO, "causal", "fork", (8, 2048, 1024), 600, "§2 step 4"),  # reward: assumed
-    "baseline_dapo": (["accuracy"], 0.2, DAPO, "causal", "trl", (8, 2048, 1024), 600, "§2 step 4"),
+    "unseen_s1": (["accuracy"], 0.2, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "settings: ~300 DAPO steps"),
+    "unseen_s2": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "settings"),
+    "seen_dapo": (["accuracy"], 0.2, DAPO, "causal", "fork", (8, 2048, 1024), 600, "settings"),  # reward: assumed
+    "baseline_dapo": (["accuracy"], 0.2, DAPO, "causal", "trl", (8, 2048, 1024), 600, "settings"),
     "seen_gsm8k": (
         ["accuracy_times_parallel", "accuracy"],
         0.2,
@@ -99,9 +99,9 @@ GRPO = {
         "fork",
         (5, 5120, 5120),
         35,
-        "§2 step 4: 35 steps of 1,024 x 5",
+        "settings: 35 steps of 1,024 x 5",
     ),  # fmt: skip
-    "mid_training_a": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 400, "§3: S2 for 200 steps"),
+    "mid_training_a": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 400, "rewards: S2 for 200 steps"),
     "mid_training_b": (
         ["accuracy"],
         0.2,
@@ -110,10 +110,10 @@ GRPO = {
         "fork",
         (8, 2048, 1024),
         800,
-        "§2b, §3: the peak ~320 generations into phase B",
+        "settings: the peak ~320 generations into phase B",
     ),  # fmt: skip
-    "unseen_s2_tree": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "§2 step 4"),
-    "seen_dapo_tree": (["accuracy"], 0.2, DAPO, "causal", "fork", (8, 2048, 1024), 600, "§2 step 4"),
+    "unseen_s2_tree": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "settings"),
+    "seen_dapo_tree": (["accuracy"], 0.2, DAPO, "causal", "fork", (8, 2048, 1024), 600, "settings"),
 }
 
 # (recipe or "*", key) -> why the recipe differs from the paper (the recipe says it on the key's line too)
@@ -183,11 +183,11 @@ def test_grpo_recipe_is_the_papers_key_by_key(name):
     table = RL + (ENGINE if args.rollout_mode != "trl" else [])
     table += [(key, n * args.optimizer_steps_per_generation, source) for key, n, source in PER_GENERATION]
     table += [
-        ("reward_funcs", rewards, "§3 (seen_dapo: assumed; REFERENCE does not give this stage's reward)"),
-        ("epsilon_high", epsilon_high, "§2 step 4: S2 0.28"),
-        ("dataset_name", dataset, "§2 step 4"),
-        ("attention", attention, "§4"),
-        ("rollout_mode", rollout_mode, "§5: fork-join"),
+        ("reward_funcs", rewards, "rewards (seen_dapo: assumed; the paper does not give this stage's reward)"),
+        ("epsilon_high", epsilon_high, "settings: S2 0.28"),
+        ("dataset_name", dataset, "settings"),
+        ("attention", attention, "Seen and Unseen"),
+        ("rollout_mode", rollout_mode, "fork-join"),
         ("max_steps", max_steps, "run length"),
     ]
     assert check(path, table, script_args, args) == []
@@ -218,10 +218,10 @@ def test_every_listed_deviation_is_taken_somewhere():
 @pytest.mark.parametrize(
     "edit, reported",
     [
-        (("weight_decay: 0.01", "weight_decay: 0.1"), "weight_decay = 0.1, paper 0.01 (§2b)"),
+        (("weight_decay: 0.01", "weight_decay: 0.1"), "weight_decay = 0.1, paper 0.01 (settings)"),
         (
             ("vllm_gpu_memory_utilization: 0.35  # paper:", "vllm_gpu_memory_utilization: 0.35  #"),
-            "vllm_gpu_memory_utilization = 0.35, paper 0.7 (§2b)",
+            "vllm_gpu_memory_utilization = 0.35, paper 0.7 (settings)",
         ),  # a listed deviation the recipe does not explain
     ],
 )
@@ -234,7 +234,7 @@ def test_an_unexplained_difference_is_reported(tmp_path, edit, reported):
 
 @pytest.mark.parametrize("name", ["unseen_s2", "mid_training_a"])
 def test_s2_alternates_by_generation_as_scripts_grpo_builds_it(name):
-    """Tiered on generations 9 and 10 of every 10 (REFERENCE §3), counted through TRL's optimizer steps."""
+    """Tiered on generations 9 and 10 of every 10 (docs/paper.md, the rewards), counted through TRL's optimizer steps."""
     from types import SimpleNamespace
 
     script_args, args, _ = parse(grpo_parser, RECIPES / "grpo" / f"{name}.yaml")

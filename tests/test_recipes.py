@@ -224,7 +224,8 @@ def test_paper_eval_recipe_is_the_papers_protocol():
     config, _ = eval_parser().parse_args_and_config(
         ["--config", str(RECIPES / "Qwen3-4B-Base" / "eval" / "paper.yaml")]
     )
-    assert config.benchmark_specs() == [("aime24", 16), ("aime25", 16), ("amc23", 16), ("math500", 1)]  # §2 step 5
+    # the paper's benchmarks and samples (docs/paper.md, the settings)
+    assert config.benchmark_specs() == [("aime24", 16), ("aime25", 16), ("amc23", 16), ("math500", 1)]
     assert config.temperature == 1.0 and config.top_p == 1.0 and config.prompt_template == "parallel"
     _, training, _ = parse("grpo", RECIPES / "Qwen3-4B-Base" / "grpo" / "unseen_s2.yaml")
     rollout = ("attention", "rollout_mode", "num_paths", "max_blocks", "max_path_tokens", "max_summary_tokens")
@@ -243,7 +244,7 @@ def test_cold_start_recipe_parses(path):
 def test_the_papers_teacher_recipe_is_the_papers_pipeline():
     path = RECIPES / "DeepSeek-R1-0528-Qwen3-8B" / "cold_start" / "gsm8k.yaml"
     (config,) = cold_start_parser().parse_args_and_config(["--config", str(path)])
-    assert config.model_name_or_path == "deepseek-ai/DeepSeek-R1-0528-Qwen3-8B"  # REFERENCE §2 step 2
+    assert config.model_name_or_path == "deepseek-ai/DeepSeek-R1-0528-Qwen3-8B"  # docs/paper.md, the cold start
     assert (config.dataset_name, config.dataset_split, config.num_samples) == ("gsm8k", "train", 1)
     assert (config.student_tokenizer, config.max_length, config.prompt_template) == (
         "Qwen/Qwen3-4B-Base", 4096, "parallel")  # fmt: skip

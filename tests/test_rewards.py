@@ -1,4 +1,4 @@
-"""Every reward variant against REFERENCE §3, on hand-written completions; the registry; never raising."""
+"""Every reward variant against docs/paper.md, the rewards, on hand-written completions; the registry; never raising."""
 
 from __future__ import annotations
 
