@@ -7,12 +7,13 @@
 #      isolated and tree forwards on CUDA against the CPU, one bf16 SFT and GRPO step of the tiny recipes;
 #   3. the rollout benchmark on CUDA, and the training-forward memory benchmark at 4096 tokens on a randomly
 #      initialised model of the Qwen3-4B shape in bf16.
-# Results: benchmarks/results/gpu-tests.txt, gpu-rollout.md, gpu-structures.md. PYTHON picks the interpreter
-# (default: python3, which should hold a CUDA build of torch); GPU_CHECK_INSTALL=0 installs nothing.
+# Results: benchmarks/results/gpu-tests.txt, gpu-rollout.md, gpu-structures.md (GPU_CHECK_RESULTS names another
+# folder). PYTHON picks the interpreter (default: python3, which should hold a CUDA build of torch);
+# GPU_CHECK_INSTALL=0 installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-RESULTS=benchmarks/results
+RESULTS=${GPU_CHECK_RESULTS:-benchmarks/results}
 
 if [ "${GPU_CHECK_INSTALL:-1}" = 0 ]; then
     echo "== using $PYTHON as it is (GPU_CHECK_INSTALL=0)"
