@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test lint format demo demo-paper bench gpu-check clean
+.PHONY: install test test-quick lint format demo demo-paper bench gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ install: $(STAMP)
 
 test: install
 	$(PY) -m pytest
+
+# The inner loop: every test not marked slow (the marks come from measured durations; see tests/README.md)
+test-quick: install
+	$(PY) -m pytest -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

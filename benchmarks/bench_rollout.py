@@ -52,7 +52,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from parallel_r1.data import DATA_DIR
 from parallel_r1.format import PARALLEL_OPEN, TAGS, TagVocab, parse, stats
-from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend, plain_rollouts
+from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from parallel_r1.rollout.vllm_backend import VLLMBackend
 from parallel_r1.structure import isolated_inputs
 from parallel_r1.tiny import build_tokenizer, pin_logits
@@ -169,7 +169,7 @@ class CountingLLM(WorkCounter):
         return outputs
 
 
-def make_engine(backend, tokenizer, vocab: TagVocab, config: RolloutConfig) -> ForkJoinEngine:
+def make_engine(backend, tokenizer, vocab: TagVocab, config: RolloutArguments) -> ForkJoinEngine:
     newline = tokenizer.encode("\n", add_special_tokens=False)
     return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, config)
 
@@ -183,7 +183,7 @@ class TransformersRunner:
         self.model, self.tokenizer, self.vocab, self.device = model, tokenizer, vocab, model.device
         self.counter = ForwardCounter(model)
 
-    def engine(self, reuse: bool, config: RolloutConfig) -> ForkJoinEngine:
+    def engine(self, reuse: bool, config: RolloutArguments) -> ForkJoinEngine:
         backend = TransformersBackend(
             self.model, GREEDY, "full" if reuse else "per_request", self.tokenizer.pad_token_id
         )
@@ -229,7 +229,7 @@ class VLLMRunner:
         self.cached, self.uncached = llm(True), llm(False)
         self.tokenizer, self.vocab, self.device = tokenizer, vocab, device
 
-    def engine(self, reuse: bool, config: RolloutConfig) -> ForkJoinEngine:
+    def engine(self, reuse: bool, config: RolloutArguments) -> ForkJoinEngine:
         backend = VLLMBackend(llm=self.cached if reuse else self.uncached, sampling=GREEDY)
         return make_engine(backend, self.tokenizer, self.vocab, config)
 
@@ -305,14 +305,14 @@ def measure(runner, prompts, k: int, path_tokens: int, args) -> dict:
     """Time the three strategies of one backend on one (prefix, path tokens, K) point, in turns; check what they
     wrote."""
     cap = completion_cap(k, path_tokens, args)
-    config = RolloutConfig(
-        mode="fork",
+    config = RolloutArguments(
+        rollout_mode="fork",
         attention="isolated",
         num_paths=k,
         max_blocks=1,
         max_path_tokens=path_tokens,
         max_summary_tokens=args.summary_tokens,
-        max_completion_tokens=cap,
+        max_completion_length=cap,
     )
     engine, paper = runner.engine(True, config), runner.engine(False, config)
     out = {}

@@ -6,14 +6,14 @@ The workload is the same for every trainer: the tiny Qwen3 of `parallel_r1.tiny`
 samples a tag or EOS, GSM8K prompts in the `plain` template, and a reward that reads only the text's length; so
 every completion is plain text of exactly `--completion-length` tokens, with no block (checked from the logs):
 - stock: TRL's `GRPOTrainer` (TRL's generation, TRL's fused log-prob head);
-- trl: `ParallelGRPOTrainer(rollout_mode="trl", attention="causal")` (TRL's generation through the subclass);
+- plain: `ParallelGRPOTrainer(rollout_mode="plain", attention="causal")` (TRL's generation through the subclass);
 - fork: `ParallelGRPOTrainer(rollout_mode="fork")` (the fork-join engine on the transformers backend, the tag
   grammar in the sampler and in the log-prob forward, the `--attention` structure, the shape and sampler-gap
   metrics).
 
 A step is one optimizer step (generation, rewards, loss, backward, AdamW), timed from the trainer's
 `on_step_begin` to its `on_step_end`; the generate-and-score call inside it is timed on its own. All trainers
-run in one process, each `train()` in a thread of its own, and take their steps in turns (stock, trl, fork,
+run in one process, each `train()` in a thread of its own, and take their steps in turns (stock, plain, fork,
 stock, ...; one runs at a time), so a neighbour's load slows them alike. `--warmup` steps each are not timed.
 """
 
@@ -46,7 +46,7 @@ from parallel_r1.trainers import ParallelGRPOConfig, ParallelGRPOTrainer
 logger = logging.getLogger("bench_trainer")
 SUPPRESSION = 20.0  # how far below zero the tags' and EOS's logits are pushed, in units of that coordinate
 TARGET = 1.10  # the step-time ratio to stock TRL the trainer-overhead issue asks for
-TRAINERS = ("stock", "trl", "fork")
+TRAINERS = ("stock", "plain", "fork")
 
 
 def endless_model(tokenizer, hidden: int, layers: int, seed: int = 0):
@@ -147,7 +147,9 @@ def make_trainer(kind: str, tokenizer, dataset, args, out: str):
         trainer_class, config = GRPOTrainer, GRPOConfig(**settings)
     else:
         trainer_class = ParallelGRPOTrainer
-        structure = dict(rollout_mode="trl", attention="causal") if kind == "trl" else dict(attention=args.attention)
+        structure = (
+            dict(rollout_mode="plain", attention="causal") if kind == "plain" else dict(attention=args.attention)
+        )
         budgets = dict(max_path_tokens=args.completion_length // 4, max_summary_tokens=args.completion_length // 8)
         config = ParallelGRPOConfig(**settings, **structure, **budgets)
     return trainer_class(
@@ -212,7 +214,7 @@ def report(times: dict, args, command: str) -> str:
     ]
     names = {
         "stock": "stock `GRPOTrainer`",
-        "trl": "`ParallelGRPOTrainer`, rollout_mode trl (causal)",
+        "plain": "`ParallelGRPOTrainer`, rollout_mode plain (causal)",
         "fork": f"`ParallelGRPOTrainer`, rollout_mode fork ({args.attention})",
     }
     ratios = {}

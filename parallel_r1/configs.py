@@ -12,19 +12,19 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
-from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
+from trl import GRPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
 
 from .cli import OneLineErrors, take_recipe
 from .cold_start.config import ColdStartConfig
 from .evaluation.config import EvaluationConfig, parse_benchmarks
-from .rollout import RolloutConfig
+from .rollout import ParallelArguments, RolloutArguments
+from .rollout.arguments import renamed_setting
 
 logger = logging.getLogger(__name__)
 
-ATTENTION = ("causal", "isolated", "tree")
-ROLLOUT_MODES = ("fork", "sequential", "trl")
 PER_TOKEN_CORRECTIONS = ("token_truncate", "token_mask")
 LONG_COMPLETION_TOKENS = 256  # past this, a sequence-level correction drops completions for their length alone
 
@@ -42,35 +42,43 @@ class RecipeParser(OneLineErrors, TrlParser):
 
     def parse_args_and_config(self, args=None, **kwargs):
         args, self.recipe = take_recipe(list(sys.argv[1:] if args is None else args))
+        refuse_renamed_settings(args, self.recipe)
         if self.recipe is not None:
             args = ["--config", self.recipe, *args]
+        return super().parse_args_and_config(args, **kwargs)
+
+
+def refuse_renamed_settings(args: list[str], recipe: str | None) -> None:
+    """A setting given under its old name or value, in the recipe or as a flag, is refused in one line that names
+    the new one (`rollout.arguments.RENAMED_KEYS`, `RENAMED_VALUES`)."""
+    flags = {}
+    for arg, following in zip(args, [*args[1:], None]):
+        if arg.startswith("--"):
+            name, equals, value = arg[2:].partition("=")
+            flags[name] = value if equals else following
+    problem = renamed_setting(flags)
+    if problem is None and recipe is not None:
         try:
-            return super().parse_args_and_config(args, **kwargs)
-        except yaml.YAMLError as problem:
-            raise ValueError(f"recipe {self.recipe} is not valid YAML: {' '.join(str(problem).split())}") from None
+            settings = yaml.safe_load(Path(recipe).read_text(encoding="utf-8"))
+        except yaml.YAMLError as error:
+            raise ValueError(f"recipe {recipe} is not valid YAML: {' '.join(str(error).split())}") from None
+        problem = renamed_setting(settings) if isinstance(settings, dict) else None
+        problem = problem and f"recipe {recipe}: {problem}"
+    if problem:
+        raise ValueError(problem)
 
 
 # --------------------------------------------------------------------------- stage 1: SFT
 
 
 @dataclass
-class ParallelSFTConfig(SFTConfig):
-    """`SFTConfig` plus the attention variant. Options that cannot carry path isolation fail here."""
-
-    attention: str = field(
-        default="causal",
-        metadata={
-            "help": "'causal' (Seen: plain causal attention), 'isolated' (Unseen: the paths of a block cannot "
-            "attend to each other and restart their positions at the block's opener) or 'tree' (the paths as "
-            "isolated, what follows them reads them causally: what a serving engine samples in fork mode).",
-            "choices": list(ATTENTION),
-        },
-    )
+class ParallelSFTConfig(SFTConfig, ParallelArguments):
+    """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`). Options that
+    cannot carry path isolation fail here."""
 
     def __post_init__(self):
         super().__post_init__()
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        ParallelArguments.__post_init__(self)  # TrainingArguments' __post_init__ does not chain to it
         if self.attention == "causal":
             return
         refused = {
@@ -93,31 +101,33 @@ class ParallelSFTConfig(SFTConfig):
 
 
 @dataclass
-class SFTScriptArguments:
+class DataArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (`dataset_name`, `dataset_config`, the splits) plus how the rows are read; the data
+    settings of SFT and GRPO. `dataset_name` is a shipped set (gsm8k, math500, aime24, aime25, amc23;
+    parallel_gsm8k_sample for SFT), a local .jsonl/.json/.parquet file or a Hub dataset id."""
+
+    question_column: str | None = field(default=None, metadata={"help": "Column of the problem, if not a known one."})
+    answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N usable rows of the training split."}
+    )
+
+    def __post_init__(self):
+        if not self.dataset_name:
+            raise ValueError("dataset_name is required: a shipped set, a local .jsonl/.json/.parquet file or a Hub id")
+        if self.dataset_streaming:
+            raise ValueError("dataset_streaming is not supported: every row is read and checked before training")
+
+
+@dataclass
+class SFTScriptArguments(DataArguments):
     """Where the cold-start traces come from and how they become prompt-completion rows (`data.load_sft_traces`)."""
 
-    dataset_name: str = field(
-        metadata={
-            "help": "A shipped set (parallel_gsm8k_sample), a local .jsonl/.json/.parquet file, or a Hub dataset id "
-            "(e.g. TongZheng1999/Deepseek-Qwen-3-8B-GSM8k-Parallel-data-Adaptive-Thinking-v2)."
-        }
-    )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
-    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    dataset_test_split: str | None = field(
-        default=None, metadata={"help": "Split to evaluate on (used when eval_strategy is not 'no')."}
-    )
-    question_column: str | None = field(default=None, metadata={"help": "Column of the problem, if not a known one."})
     response_column: str | None = field(default=None, metadata={"help": "Column of the trace, if not a known one."})
-    answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
-    prompt_template: str = field(
-        default="parallel", metadata={"help": "Prompt template around the problem (data.TEMPLATES)."}
-    )
     only_well_formed: bool = field(
         default=True,
         metadata={"help": "Drop traces that are malformed or lack a final 'Final Answer:' line (the paper's filter)."},
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N usable traces."})
 
 
 SFT_ARGUMENTS = (SFTScriptArguments, ParallelSFTConfig, ModelConfig)
@@ -132,33 +142,11 @@ def sft_parser() -> RecipeParser:
 
 
 @dataclass
-class ParallelGRPOConfig(GRPOConfig):
-    """GRPOConfig plus the parallel-thinking settings. `max_completion_length` caps whole completions."""
+class ParallelGRPOConfig(RolloutArguments, GRPOConfig):
+    """GRPOConfig plus the rollout settings (`rollout.RolloutArguments`, first in the bases so that their
+    `max_completion_length`, the paper's 3000 by default, takes the place of TRL's field of that name: it caps whole
+    completions). `rollout_mode: plain` is TRL's own generation (no engine, no tag grammar)."""
 
-    attention: str = field(
-        default="isolated",
-        metadata={
-            "help": "'isolated' (Unseen: paths never see each other), 'causal' (Seen) or 'tree' (paths as isolated, "
-            "what follows reads them as written: what vLLM samples in fork mode, trained exactly).",
-            "choices": list(ATTENTION),
-        },
-    )
-    rollout_mode: str = field(
-        default="fork",
-        metadata={
-            "help": "'fork': paths decoded concurrently by the fork-join engine; 'sequential': the same blocks with "
-            "the paths decoded one after the other, each reading the earlier ones (exact for 'causal'); 'trl': "
-            "TRL's own generation, no engine, no tag grammar (sequential "
-            "baselines without tags).",
-            "choices": list(ROLLOUT_MODES),
-        },
-    )
-    num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
-    max_blocks: int = field(
-        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
-    )
-    max_path_tokens: int = field(default=1024, metadata={"help": "Sampled tokens per path before it is closed."})
-    max_summary_tokens: int = field(default=512, metadata={"help": "Sampled tokens per summary before it is closed."})
     parallel_eval_steps: int = field(
         default=0,
         metadata={
@@ -191,21 +179,23 @@ class ParallelGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        super().__post_init__()
-        if self.rollout_mode != "trl":
+        GRPOConfig.__post_init__(self)
+        RolloutArguments.__post_init__(self)  # neither __post_init__ chains to the other
+        if self.rollout_mode != "plain":
             self._refuse_unreproducible_sampling()
-        if self.rollout_mode not in ROLLOUT_MODES:
-            raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
-        if self.attention not in ("isolated", "causal", "tree"):
-            raise ValueError(f"attention must be 'isolated', 'causal' or 'tree', got {self.attention!r}")
-        if self.rollout_mode == "trl" and self.attention != "causal":
-            raise ValueError("rollout_mode='trl' samples plain causal text: use attention='causal' with it")
+        if self.rollout_mode == "plain" and self.attention != "causal":
+            raise ValueError(
+                "rollout_mode='plain' samples plain causal text, which the training forward must score the same "
+                "way: use attention='causal' with it"
+            )
         if self.use_liger_kernel and self.attention != "causal":
             raise ValueError(
                 f"use_liger_kernel computes its own forward and cannot carry attention={self.attention!r}"
             )
-        if self.rollout_mode != "trl":
-            self.rollout_config()  # fail at start-up on bad budgets
+        if self.rollout_mode != "plain" and self.max_completion_length is None:
+            raise ValueError(
+                f"rollout_mode={self.rollout_mode!r} needs max_completion_length: the engine caps completions"
+            )
         self._warn_on_a_sequence_correction()
         if self.parallel_eval_steps < 0 or self.parallel_eval_problems < 1:
             raise ValueError("parallel_eval_steps must be >= 0 and parallel_eval_problems >= 1")
@@ -216,7 +206,7 @@ class ParallelGRPOConfig(GRPOConfig):
             )
         if self.parallel_eval_steps:
             parse_benchmarks(self.parallel_eval_benchmarks)
-        if self.parallel_eval_steps and self.rollout_mode == "trl":
+        if self.parallel_eval_steps and self.rollout_mode == "plain":
             raise ValueError(
                 "parallel_eval_steps evaluates with the fork-join engine: it needs rollout_mode fork or sequential"
             )
@@ -257,39 +247,11 @@ class ParallelGRPOConfig(GRPOConfig):
         """Optimizer steps per generated batch: the unit of the paper's step, which reward schedules count."""
         return max(1, self.steps_per_generation * self.num_iterations // self.gradient_accumulation_steps)
 
-    def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(
-            mode=self.rollout_mode,
-            attention=self.attention,
-            num_paths=self.num_paths,
-            max_blocks=self.max_blocks,
-            max_path_tokens=self.max_path_tokens,
-            max_summary_tokens=self.max_summary_tokens,
-            max_completion_tokens=self.max_completion_length,
-        )
-
 
 @dataclass
-class GRPOScriptArguments:
+class GRPOScriptArguments(DataArguments):
     """Where the problems come from (`data.load_problems`) and which rewards score them (`rewards`)."""
 
-    dataset_name: str = field(
-        metadata={
-            "help": "A shipped set (gsm8k, math500, aime24, aime25, amc23), a local .jsonl/.json/.parquet file, or a "
-            "Hub dataset id (e.g. BytedTsinghua-SIA/DAPO-Math-17k, openai/gsm8k)."
-        }
-    )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
-    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    dataset_test_split: str | None = field(
-        default=None, metadata={"help": "Split to evaluate on (used when eval_strategy is not 'no')."}
-    )
-    question_column: str | None = field(default=None, metadata={"help": "Column of the problem, if not a known one."})
-    answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
-    prompt_template: str = field(
-        default="parallel", metadata={"help": "Prompt template around the problem (data.TEMPLATES)."}
-    )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N problems."})
     max_prompt_length: int | None = field(
         default=None,
         metadata={"help": "Drop problems whose prompt (chat template applied) is longer than this many tokens."},

@@ -11,7 +11,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .cli import check_model_path
-from .sampling import ParallelSettings, record_settings, write_settings
+from .rollout import RolloutArguments
+from .sampling import record_settings, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def _readable_json(path: Path) -> bool:
 
 
 def train_and_save(
-    trainer, training_args, dataset_name: str, settings: ParallelSettings, recipe: str | None = None
+    trainer, training_args, dataset_name: str, settings: RolloutArguments, recipe: str | None = None
 ) -> None:
     """Train (resuming if asked: `resume_target`), save to output_dir with the parallel `settings` recorded in the
     model's config and in parallel_r1.json (`scripts/generate.py` reads them back), push if asked.
@@ -123,6 +124,7 @@ def train_and_save(
     logger.info("Model saved to %s", training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
+    trainer.accelerator.wait_for_everyone()  # no process exits while the main one still writes
 
 
 def _plot_curves(output_dir: Path) -> None:

@@ -16,56 +16,48 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 
 from .data import build_prompt, prompt_ids
 from .format import TAGS
-from .rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend, plain_rollouts
+from .rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
+from .rollout.arguments import RENAMED_KEYS
 
 CONFIG_KEY = "parallel_r1"
 SETTINGS_FILE = "parallel_r1.json"
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class ParallelSettings:
-    """What decides how a parallel-thinking model is sampled. The defaults, the paper's (3000-token budgets), are
-    also what a model that recorded none is sampled with."""
-
-    attention: str = "isolated"
-    prompt_template: str = "parallel"
-    rollout_mode: str = "fork"  # fork or sequential (the engine), or plain (one decode: no tags, no engine)
-    num_paths: int = 2
-    max_blocks: int = 4
-    max_path_tokens: int = 3000
-    max_summary_tokens: int = 3000
-    max_completion_tokens: int = 3000
-
-
-def record_settings(model, settings: ParallelSettings) -> None:
+def record_settings(model, settings: RolloutArguments) -> None:
     """Write the settings into the model's config, which `save_pretrained` then saves in config.json (and in every
     checkpoint's)."""
     setattr(model.config, CONFIG_KEY, asdict(settings))
 
 
-def write_settings(folder: str, settings: ParallelSettings) -> None:
+def write_settings(folder: str, settings: RolloutArguments) -> None:
     """The settings as `parallel_r1.json` next to a saved model: a PEFT adapter folder has no config.json."""
     (Path(folder) / SETTINGS_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
 
 
-def read_settings(model_path: str, revision: str | None = None, **overrides) -> ParallelSettings:
-    """The settings a saved model recorded, `ParallelSettings`' defaults where it recorded none, then `overrides`
-    (None values are ignored)."""
+def read_settings(model_path: str, revision: str | None = None, **overrides) -> RolloutArguments:
+    """The settings a saved model recorded (`recorded_settings`), then `overrides` (None values are ignored)."""
+    values = recorded_settings(model_path, revision)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return RolloutArguments(**values)
+
+
+def recorded_settings(model_path: str, revision: str | None = None) -> dict:
+    """Each rollout setting as the model recorded it (under its new name where a setting was renamed), else
+    `RolloutArguments`' default; not checked."""
     recorded = _recorded(model_path, revision)
     if recorded is None:
         logger.warning(
-            "%s records no parallel settings: sampling with the defaults %s", model_path, ParallelSettings()
+            "%s records no parallel settings: sampling with the defaults %s", model_path, RolloutArguments()
         )
-    known = {f.name for f in fields(ParallelSettings)}
-    values = {k: v for k, v in (recorded or {}).items() if k in known}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return ParallelSettings(**values)
+    values = asdict(RolloutArguments())
+    values.update({RENAMED_KEYS.get(k, k): v for k, v in (recorded or {}).items() if RENAMED_KEYS.get(k, k) in values})
+    return values
 
 
 def _recorded(model_path: str, revision: str | None = None) -> dict | None:
@@ -108,9 +100,8 @@ class ParallelSampler:
         self.engine = None
         if self.settings.rollout_mode != "plain":
             newline = self.tokenizer.encode("\n", add_special_tokens=False)
-            config = RolloutConfig.from_settings(self.settings)
             self.engine = ForkJoinEngine(
-                self.backend, tag_vocab(self.tokenizer), sorted(self.eos_ids), newline, config
+                self.backend, tag_vocab(self.tokenizer), sorted(self.eos_ids), newline, self.settings
             )
 
     def answer(self, problems: list[str]) -> list:
@@ -121,7 +112,7 @@ class ParallelSampler:
         with torch.no_grad():
             if self.engine is not None:
                 return self.engine.generate(prompts)
-            return plain_rollouts(self.backend, prompts, self.settings.max_completion_tokens, self.eos_ids)
+            return plain_rollouts(self.backend, prompts, self.settings.max_completion_length, self.eos_ids)
 
     def text(self, rollout, color: bool = False) -> str:
         """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""

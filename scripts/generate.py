@@ -13,20 +13,24 @@ Training's own completions are in TRL's logs: `log_completions: true` prints a t
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from transformers import HfArgumentParser
 
 from parallel_r1.cli import OneLineErrors, run
+from parallel_r1.configs import refuse_renamed_settings
+from parallel_r1.rollout import RecordedRolloutArguments
 
 
 class ArgumentParser(OneLineErrors, HfArgumentParser):
     """transformers' parser; a bad flag or value ends in one line."""
 
 
-@dataclass
-class GenerateArguments:
+@dataclass(kw_only=True)
+class GenerateArguments(RecordedRolloutArguments):
+    """What to answer and how; a rollout setting left unset is the model's recorded one."""
+
     model_name_or_path: str = field(metadata={"help": "A trained model folder or Hub id."})
     prompt: list[str] = field(default_factory=list, metadata={"help": "Problems to answer: --prompt 'one' 'two'."})
     file: str | None = field(default=None, metadata={"help": "A .txt (one problem a line) or .jsonl file."})
@@ -34,14 +38,6 @@ class GenerateArguments:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     seed: int = field(default=0, metadata={"help": "Seed of the sampling."})
     batch_size: int = field(default=16, metadata={"help": "Problems sampled together (and written) at a time."})
-    attention: str | None = field(default=None, metadata={"help": "Override: isolated, causal or tree."})
-    rollout_mode: str | None = field(default=None, metadata={"help": "Override: fork, sequential or plain."})
-    prompt_template: str | None = field(default=None, metadata={"help": "Override: parallel or plain."})
-    num_paths: int | None = field(default=None, metadata={"help": "Override: paths per block."})
-    max_blocks: int | None = field(default=None, metadata={"help": "Override: blocks per completion."})
-    max_path_tokens: int | None = field(default=None, metadata={"help": "Override: tokens per path."})
-    max_summary_tokens: int | None = field(default=None, metadata={"help": "Override: tokens per summary."})
-    max_completion_tokens: int | None = field(default=None, metadata={"help": "Override: tokens per completion."})
 
 
 def read_problems(path: str) -> list[str]:
@@ -65,12 +61,11 @@ def read_problems(path: str) -> list[str]:
 
 
 def main() -> None:
+    refuse_renamed_settings(sys.argv[1:], recipe=None)
     (args,) = ArgumentParser(GenerateArguments).parse_args_into_dataclasses()
     from parallel_r1.sampling import ParallelSampler
 
-    overrides = {k: getattr(args, k) for k in ("attention", "prompt_template", "rollout_mode", "num_paths",
-                                                "max_blocks", "max_path_tokens", "max_summary_tokens",
-                                                "max_completion_tokens")}  # fmt: skip
+    overrides = {f.name: getattr(args, f.name) for f in fields(RecordedRolloutArguments)}
     problems = list(args.prompt) + (read_problems(args.file) if args.file else [])
     sampler = ParallelSampler(args.model_name_or_path, temperature=args.temperature, seed=args.seed, **overrides)
     color = sys.stdout.isatty()

@@ -31,7 +31,7 @@ def load_split(script_args, training_args, tokenizer, split):
             config=script_args.dataset_config,
             question_column=script_args.question_column,
             answer_column=script_args.answer_column,
-            template=script_args.prompt_template,
+            template=training_args.prompt_template,
             limit=script_args.max_train_samples if split == script_args.dataset_train_split else None,
         )
         if script_args.max_prompt_length is None:
@@ -58,7 +58,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
 
     from parallel_r1.launch import load_model, load_tokenizer, train_and_save
     from parallel_r1.rewards import get_reward_funcs
-    from parallel_r1.sampling import ParallelSettings
+    from parallel_r1.rollout import RolloutArguments
     from parallel_r1.trainers import ParallelGRPOTrainer
 
     tokenizer = load_tokenizer(model_args, training_args)
@@ -77,16 +77,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    settings = ParallelSettings(
-        attention=training_args.attention,
-        prompt_template=script_args.prompt_template,
-        rollout_mode="plain" if training_args.rollout_mode == "trl" else training_args.rollout_mode,
-        num_paths=training_args.num_paths,
-        max_blocks=training_args.max_blocks,
-        max_path_tokens=training_args.max_path_tokens,
-        max_summary_tokens=training_args.max_summary_tokens,
-        max_completion_tokens=training_args.max_completion_length,
-    )
+    settings = RolloutArguments.from_fields(training_args)
     train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
 
 

@@ -28,7 +28,7 @@ def load_traces(script_args, training_args, tokenizer, split):
             question_column=script_args.question_column,
             response_column=script_args.response_column,
             answer_column=script_args.answer_column,
-            template=script_args.prompt_template,
+            template=training_args.prompt_template,
             only_well_formed=script_args.only_well_formed,
             limit=script_args.max_train_samples if split == script_args.dataset_train_split else None,
         )
@@ -41,7 +41,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
     from trl import get_peft_config
 
     from parallel_r1.launch import load_model, load_tokenizer, train_and_save
-    from parallel_r1.sampling import ParallelSettings
+    from parallel_r1.rollout import RolloutArguments
     from parallel_r1.trainers import ParallelSFTTrainer
 
     tokenizer = load_tokenizer(model_args, training_args)
@@ -59,8 +59,8 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
         peft_config=get_peft_config(model_args),
     )
     mode = "sequential" if training_args.attention == "causal" else "fork"  # the exact rollout of the variant
-    settings = ParallelSettings(attention=training_args.attention, prompt_template=script_args.prompt_template,
-                                rollout_mode=mode)  # fmt: skip
+    settings = RolloutArguments.from_fields(training_args)
+    settings.rollout_mode = mode
     train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from parallel_r1.grammar import Grammar, GrammarForward
-from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend
+from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend
 from parallel_r1.structure import IsolatedForward, TreeForward
 
 QUESTIONS = [
@@ -18,12 +18,12 @@ QUESTIONS = [
 
 def engine(setup, kv_reuse="full", temperature=1.0, seed=0, **config):
     _, model, tokenizer, vocab = setup
-    config = {"max_completion_tokens": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
+    config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
     backend = TransformersBackend(
         model, Sampling(temperature=temperature, seed=seed), kv_reuse, tokenizer.pad_token_id
     )
     newline = tokenizer.encode("\n", add_special_tokens=False)
-    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutConfig(**config))
+    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutArguments(**config))
 
 
 def prompts(tokenizer):

@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.data import load_sft_traces
-from parallel_r1.sampling import ParallelSettings
+from parallel_r1.rollout import RolloutArguments
 from parallel_r1.tokens import tag_ids
 from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
 from parallel_r1.trainers.card import eval_command, eval_recipe, hub_id
@@ -81,7 +81,7 @@ def test_sft_saves_a_card_of_the_run_without_any_checkpoint(monkeypatch, tiny_di
     assert code_block(text, "bash").splitlines() == [
         f'python scripts/generate.py --model_name_or_path {out} --prompt "What is 17 * 23?"',
         f"python scripts/evaluate.py --config recipes/tiny/eval.yaml --model_name_or_path {out}"
-        + "".join(f" --{k} {v}" for k, v in vars(ParallelSettings(**recorded)).items()),
+        + "".join(f" --{k} {v}" for k, v in vars(RolloutArguments(**recorded)).items()),
     ]
 
 

@@ -155,14 +155,15 @@ def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_pron
     import shutil
 
     from parallel_r1.format import TAGS, parse
-    from parallel_r1.sampling import ParallelSettings, read_settings
+    from parallel_r1.rollout import RolloutArguments
+    from parallel_r1.sampling import read_settings
     from parallel_r1.tokens import tag_vocab
 
     model = tmp_path / "model"
     shutil.copytree(tag_prone_dir, model)
     config = json.loads((model / "config.json").read_text())
-    config["parallel_r1"] = {**vars(ParallelSettings(num_paths=3, max_path_tokens=12, max_summary_tokens=6,
-                                                     max_completion_tokens=80))}  # fmt: skip
+    config["parallel_r1"] = {**vars(RolloutArguments(num_paths=3, max_path_tokens=12, max_summary_tokens=6,
+                                                     max_completion_length=80))}  # fmt: skip
     (model / "config.json").write_text(json.dumps(config))
     assert read_settings(str(model)).num_paths == 3 and read_settings(str(model), num_paths=4).num_paths == 4
     problems = tmp_path / "problems.jsonl"
@@ -191,12 +192,12 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
     import json
     import shutil
 
-    from parallel_r1.sampling import ParallelSampler, ParallelSettings, read_settings, write_settings
+    from parallel_r1.sampling import ParallelSampler, RolloutArguments, read_settings, write_settings
 
     model = tmp_path / "model"
     shutil.copytree(tiny_dir, model)
     write_settings(
-        str(model), ParallelSettings(rollout_mode="plain", prompt_template="plain", max_completion_tokens=16)
+        str(model), RolloutArguments(rollout_mode="plain", prompt_template="plain", max_completion_length=16)
     )
     assert read_settings(str(model)).rollout_mode == "plain"  # no key in config.json: the file (a PEFT folder)
     sampler = ParallelSampler(str(model), temperature=1.0, seed=0)
@@ -207,15 +208,16 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
 
 def test_a_folder_without_config_json_is_read_offline(tmp_path):
     """A PEFT adapter folder: its settings come from parallel_r1.json; a folder with neither: the defaults."""
-    from parallel_r1.sampling import ParallelSettings, read_settings, write_settings
+    from parallel_r1.rollout import RolloutArguments
+    from parallel_r1.sampling import read_settings, write_settings
 
     (tmp_path / "adapter" / "adapter_config.json").parent.mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
-    write_settings(str(tmp_path / "adapter"), ParallelSettings(num_paths=5))
-    assert read_settings(str(tmp_path / "adapter"), max_blocks=1) == ParallelSettings(num_paths=5, max_blocks=1)
+    write_settings(str(tmp_path / "adapter"), RolloutArguments(num_paths=5))
+    assert read_settings(str(tmp_path / "adapter"), max_blocks=1) == RolloutArguments(num_paths=5, max_blocks=1)
     (tmp_path / "empty").mkdir()
-    assert read_settings(str(tmp_path / "empty"), num_paths=None) == ParallelSettings()
-    assert read_settings(str(tmp_path / "empty"), num_paths=3) == ParallelSettings(num_paths=3)
+    assert read_settings(str(tmp_path / "empty"), num_paths=None) == RolloutArguments()
+    assert read_settings(str(tmp_path / "empty"), num_paths=3) == RolloutArguments(num_paths=3)
 
 
 @pytest.mark.parametrize("script", ["sft", "grpo", "evaluate", "generate_cold_start"])

@@ -3,7 +3,7 @@
 The engine's budget rules (`parallel_r1.rollout.engine`), checked on every completion of a grid of
 modes x num_paths x max_blocks x completion caps x path/summary budgets:
 
-- the completion holds at most `max_completion_tokens` tokens, inserted tokens included (a block that would
+- the completion holds at most `max_completion_length` tokens, inserted tokens included (a block that would
   overflow is cut there); it ends on its EOS or is exactly the cap long;
 - a path samples at most `max_path_tokens` tokens (its closer included when sampled), shrunk to the room left
   before the cap less one for its closer, at least one; a path cut by that budget gets an inserted `</Path>`;
@@ -31,7 +31,7 @@ from parallel_r1.format import (
     stats,
 )
 from parallel_r1.grammar import Grammar
-from parallel_r1.rollout import RolloutConfig
+from parallel_r1.rollout import RolloutArguments
 
 MODES = [("fork", "isolated"), ("fork", "causal"), ("fork", "tree"), ("sequential", "causal")]
 CAPS = (1, 2, 3, 4, 5, 8, 13, 40)
@@ -63,10 +63,10 @@ def _completed(ids: list, parsed, vocab, k: int) -> list:
     return list(ids) + suffix + [tag[SUMMARY_CLOSE]]
 
 
-def check_rollout(rollout, prompt, config: RolloutConfig, tokenizer, vocab, separator) -> dict:
+def check_rollout(rollout, prompt, config: RolloutArguments, tokenizer, vocab, separator) -> dict:
     """Assert every rule of the module docstring on one rollout; return what it exercised."""
     ids, mask, logprobs = rollout.completion_ids, rollout.env_mask, rollout.logprobs
-    cap, k, eos = config.max_completion_tokens, config.num_paths, tokenizer.eos_token_id
+    cap, k, eos = config.max_completion_length, config.num_paths, tokenizer.eos_token_id
     where = f"{config} prompt={prompt} ids={ids} mask={mask}"
     assert rollout.prompt_ids == prompt, where
     # the completion cap, inserted tokens included; a completion ends on its EOS or at the cap
@@ -117,7 +117,7 @@ def check_rollout(rollout, prompt, config: RolloutConfig, tokenizer, vocab, sepa
             body = range(path.open_at + 1, path.end - path.closed)
             assert all(mask[i] == 1 for i in body), where  # nothing is inserted inside a path but its closer
             sampled = sum(mask[path.open_at + 1 : path.end])
-            room = cap - (block.opener_end if config.mode == "fork" else path.open_at)
+            room = cap - (block.opener_end if config.rollout_mode == "fork" else path.open_at)
             budget = _budget(config.max_path_tokens, room)
             assert len(path.body) <= config.max_path_tokens and sampled <= budget, where
             if path.closed and mask[path.end - 1] == 0:  # a closer forced when the budget ran out
@@ -171,11 +171,11 @@ def test_tiny_budgets_hold_on_every_completion(tag_prone, mode, attention, k, ma
     for cap in CAPS:
         for max_path_tokens, max_summary_tokens in BUDGETS if max_blocks else BUDGETS[:1]:
             config = dict(
-                mode=mode,
+                rollout_mode=mode,
                 attention=attention,
                 num_paths=k,
                 max_blocks=max_blocks,
-                max_completion_tokens=cap,
+                max_completion_length=cap,
                 max_path_tokens=max_path_tokens,
                 max_summary_tokens=max_summary_tokens,
             )
@@ -195,7 +195,7 @@ def test_tiny_budgets_hold_on_every_completion(tag_prone, mode, attention, k, ma
 def test_kv_reuse_changes_nothing_under_tiny_budgets(tag_prone, mode, attention, k):
     """Re-prefilling per request or at every token samples the same ids and masks, cut blocks included."""
     for cap in (1, 3, 5, 13, 40):
-        config = dict(mode=mode, attention=attention, num_paths=k, max_blocks=8, max_completion_tokens=cap)
+        config = dict(rollout_mode=mode, attention=attention, num_paths=k, max_blocks=8, max_completion_length=cap)
         config.update(max_path_tokens=1, max_summary_tokens=1)
         runs = [run_and_check(tag_prone, reuse, seed=cap, **config)[0] for reuse in ("full", "per_request", "none")]
         for full, per_request, naive in zip(*runs):
@@ -210,7 +210,9 @@ def test_cut_completions_are_trained_as_sampled(tag_prone, mode, attention, k):
     and grammar), are the sampler's on every sampled token."""
     cut = 0
     for cap, max_blocks in ((3, 8), (5, 1), (13, 8), (40, 1), (40, 8)):
-        config = dict(mode=mode, attention=attention, num_paths=k, max_blocks=max_blocks, max_completion_tokens=cap)
+        config = dict(
+            rollout_mode=mode, attention=attention, num_paths=k, max_blocks=max_blocks, max_completion_length=cap
+        )
         config.update(max_path_tokens=2, max_summary_tokens=1)
         rollouts, seen = run_and_check(tag_prone, seed=cap + max_blocks, **config)
         cut += seen["cut_blocks"]
@@ -228,7 +230,7 @@ def test_cut_completions_are_trained_as_sampled(tag_prone, mode, attention, k):
         ("num_paths", 1, "num_paths"),
         ("num_paths", 0, "num_paths"),
         ("max_blocks", -1, "max_blocks"),
-        ("max_completion_tokens", 0, "max_completion_tokens"),
+        ("max_completion_length", 0, "max_completion_length"),
         ("max_path_tokens", 0, "max_path_tokens"),
         ("max_summary_tokens", 0, "max_summary_tokens"),
     ],
@@ -236,4 +238,4 @@ def test_cut_completions_are_trained_as_sampled(tag_prone, mode, attention, k):
 def test_budgets_below_the_minimum_are_refused(field, value, match):
     """A budget the engine cannot honour (no token, fewer than two paths, negative blocks) is refused up front."""
     with pytest.raises(ValueError, match=match):
-        RolloutConfig(**{field: value})
+        RolloutArguments(**{field: value})

@@ -25,6 +25,9 @@ def inputs(tmp_path_factory, tag_prone_dir):
     recipe = f"model_name_or_path: {tag_prone_dir}\ndataset_name: gsm8k\nuse_cpu: true\nbf16: false\n"
     (folder / "unknown_key.yaml").write_text(recipe + "learning_rat: 1.0e-5\n")
     (folder / "not_yaml.yaml").write_text("model_name_or_path: [unclosed\n")
+    (folder / "old_key.yaml").write_text(
+        f"model_name_or_path: {tag_prone_dir}\noutput_dir: out\nmax_completion_tokens: 5\n"
+    )
     (folder / "columns.jsonl").write_text('{"q": "What is 2+2?", "a": "4"}\n')
     tokenizer = build_tokenizer(with_tags=False)
     build_model(tokenizer).save_pretrained(folder / "no_tags")
@@ -47,7 +50,13 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
         ("grpo", [*grpo, "--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two' (see --help)"),
         ("grpo", [*grpo, "--attention", "sideways"], "error: argument --attention: invalid choice: 'sideways'"),
         ("grpo", [*grpo, "--num_pathz", "3"], "error: Some specified arguments are not used by the HfArgumentParser: ['--num_pathz', '3']"),
-        ("grpo", [*grpo, "--rollout_mode", "trl"], "error: rollout_mode='trl' samples plain causal text: use attention='causal'"),
+        ("grpo", [*grpo, "--rollout_mode", "plain"], "error: rollout_mode='plain' samples plain causal text"),
+        ("grpo", [*grpo, "--rollout_mode", "trl"], "error: rollout_mode: 'trl' is now called 'plain'"),
+        ("grpo", [*grpo, "--rollout_mode=trl"], "error: rollout_mode: 'trl' is now called 'plain'"),
+        ("evaluate", ["--config", str(folder / "old_key.yaml")],
+         f"error: recipe {folder / 'old_key.yaml'}: max_completion_tokens is now called max_completion_length"),
+        ("generate", ["--model_name_or_path", model, "--max_completion_tokens", "5"],
+         "error: max_completion_tokens is now called max_completion_length"),
         ("grpo", [*grpo, "--top_p", "0.9"], "error: top_p=0.9 changes what the rollout samples"),
         ("grpo", [*grpo, "--max_path_tokens", "0"], "error: max_path_tokens must be at least 1, got 0"),
         ("sft", [*sft, "--packing", "true"], "error: attention='isolated' cannot be used with packing=True"),

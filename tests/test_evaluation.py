@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(
     benchmarks=["gsm8k@4", "amc23@4"],
     max_problems=3,
-    max_completion_tokens=48,
+    max_completion_length=48,
     max_path_tokens=12,
     max_summary_tokens=6,
     batch_size=4,
@@ -142,13 +142,14 @@ def test_bad_settings_fail_at_once(tmp_path, overrides, message):
 
 @pytest.mark.usefixtures("one_thread")  # several threads per tiny matmul are slower on a busy CPU
 def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, tmp_path):
-    from parallel_r1.sampling import ParallelSettings, record_settings
+    from parallel_r1.rollout import RolloutArguments
+    from parallel_r1.sampling import record_settings
 
     model_dir = tmp_path / "model"
     shutil.copytree(tag_prone_dir, model_dir)
     model = __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir)
-    recorded = ParallelSettings(num_paths=3, max_blocks=2, max_path_tokens=12, max_summary_tokens=6,
-                                max_completion_tokens=80)  # fmt: skip
+    recorded = RolloutArguments(num_paths=3, max_blocks=2, max_path_tokens=12, max_summary_tokens=6,
+                                max_completion_length=80)  # fmt: skip
     record_settings(model, recorded)
     model.save_pretrained(model_dir)
     vocab = tag_vocab(__import__("transformers").AutoTokenizer.from_pretrained(model_dir))
@@ -164,8 +165,8 @@ def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, 
 
     paths, settings = paths_and_settings(tmp_path / "recorded")
     assert paths == {3} and {k: settings[k] for k in vars(recorded)} == vars(recorded)
-    paths, settings = paths_and_settings(tmp_path / "chosen", num_paths=2, max_completion_tokens=64)
-    assert paths == {2} and settings["num_paths"] == 2 and settings["max_completion_tokens"] == 64
+    paths, settings = paths_and_settings(tmp_path / "chosen", num_paths=2, max_completion_length=64)
+    assert paths == {2} and settings["num_paths"] == 2 and settings["max_completion_length"] == 64
     assert settings["max_path_tokens"] == 12  # the rest still the model's
     with pytest.raises(ValueError, match="other settings \\(num_paths\\)"):  # resuming with another setting
         paths_and_settings(tmp_path / "recorded", num_paths=2)
@@ -232,7 +233,7 @@ def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_p
         out = tmp_path / f"eval-{step}"
         command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml"]
         command += ["--model_name_or_path", str(checkpoint), "--output_dir", str(out), "--max_problems", "2"]
-        command += ["--max_completion_tokens", "48", "--seed", str(step)]
+        command += ["--max_completion_length", "48", "--seed", str(step)]
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "| Model | Parallel % |" in result.stdout
@@ -280,7 +281,7 @@ def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
     out = tmp_path / "vllm"
     command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml", "--backend", "vllm"]
     command += ["--model_name_or_path", str(tag_prone_dir), "--output_dir", str(out), "--max_problems", "2"]
-    command += ["--benchmarks", "gsm8k@4", "amc23@4", "--max_completion_tokens", "64"]
+    command += ["--benchmarks", "gsm8k@4", "amc23@4", "--max_completion_length", "64"]
     command += ["--vllm_enforce_eager", "true", "--vllm_max_model_length", "1024"]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -302,7 +303,7 @@ def test_two_processes_share_the_work_and_resume_without_repeats(tag_prone_dir, 
     out = tmp_path / "out"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "scripts/evaluate.py"]
     command += ["--config", "recipes/tiny/eval.yaml", "--model_name_or_path", str(tag_prone_dir)]
-    command += ["--output_dir", str(out), "--max_problems", "3", "--max_completion_tokens", "32", "--batch_size", "2"]
+    command += ["--output_dir", str(out), "--max_problems", "3", "--max_completion_length", "32", "--batch_size", "2"]
 
     def launch():
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -39,7 +39,7 @@ def on_device(tag_prone_dir, dtype):
 
 def sampler_trainer_gaps(setup, attention, mode, tree) -> torch.Tensor:
     """|sampler - trainer| log-prob over every sampled token of a batch of fork-join rollouts."""
-    rollouts = engine(setup, attention=attention, mode=mode, num_paths=3).generate(prompts(setup[2]))
+    rollouts = engine(setup, attention=attention, rollout_mode=mode, num_paths=3).generate(prompts(setup[2]))
     assert sum(r.blocks for r in rollouts) >= 3, "the tag-prone model should open blocks"
     gaps = []
     for rollout in rollouts:
@@ -65,7 +65,7 @@ def test_bf16_sampling_on_cuda_is_within_the_stated_tolerance(tag_prone_dir, att
 @pytest.mark.parametrize("forward", [IsolatedForward, TreeForward])
 def test_the_structured_forwards_give_on_cuda_what_they_give_on_the_cpu(tag_prone, tag_prone_dir, forward):
     _, cpu_model, tokenizer, vocab = tag_prone
-    rollouts = engine(tag_prone, attention="isolated", mode="fork").generate(prompts(tokenizer))
+    rollouts = engine(tag_prone, attention="isolated", rollout_mode="fork").generate(prompts(tokenizer))
     rollout = max(rollouts, key=lambda r: r.blocks)
     assert rollout.blocks >= 1
     ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])

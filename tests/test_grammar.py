@@ -101,9 +101,9 @@ def test_every_sampled_completion_obeys_the_grammar(tag_prone, mode, attention):
     eos = tokenizer.eos_token_id
     seen = {"blocks": 0, "cut": 0, "limit": 0}
     for seed in range(6):
-        config = dict(mode=mode, attention=attention, num_paths=2 + seed % 3, max_blocks=seed % 3)
+        config = dict(rollout_mode=mode, attention=attention, num_paths=2 + seed % 3, max_blocks=seed % 3)
         config.update(
-            max_path_tokens=2 + 5 * seed, max_summary_tokens=1 + 3 * seed, max_completion_tokens=40 + 30 * seed
+            max_path_tokens=2 + 5 * seed, max_summary_tokens=1 + 3 * seed, max_completion_length=40 + 30 * seed
         )
         for r in engine(tag_prone, seed=seed, **config).generate(prompts(tokenizer)):
             rule = Grammar(vocab, frozenset({eos}), config["max_blocks"])
@@ -121,8 +121,8 @@ def test_every_sampled_completion_obeys_the_grammar(tag_prone, mode, attention):
 def test_sequential_mode_keeps_the_budgets(tag_prone, k):
     """Sequential paths and summaries are cut at their budgets with an inserted closer, like forked ones."""
     _, _, tokenizer, vocab = tag_prone
-    config = dict(mode="sequential", attention="causal", num_paths=k, max_path_tokens=3, max_summary_tokens=2)
-    rollouts = engine(tag_prone, max_completion_tokens=300, **config).generate(prompts(tokenizer))
+    config = dict(rollout_mode="sequential", attention="causal", num_paths=k, max_path_tokens=3, max_summary_tokens=2)
+    rollouts = engine(tag_prone, max_completion_length=300, **config).generate(prompts(tokenizer))
     cut = 0
     for r in rollouts:
         for block in parse(r.completion_ids, vocab).blocks:

@@ -158,11 +158,11 @@ def test_bad_settings_fail_at_start(tmp_path):
     with pytest.raises(ValueError, match="sequential"):
         config(tmp_path, rollout_mode="sequential", attention="isolated")
     with pytest.raises(ValueError, match="attention='causal'"):
-        config(tmp_path, rollout_mode="trl", attention="isolated")
+        config(tmp_path, rollout_mode="plain", attention="isolated")
     with pytest.raises(ValueError, match="sequential"):
         config(tmp_path, rollout_mode="sequential", attention="tree")
     with pytest.raises(ValueError, match="attention='causal'"):
-        config(tmp_path, rollout_mode="trl", attention="tree")
+        config(tmp_path, rollout_mode="plain", attention="tree")
     with pytest.raises(ValueError, match="num_paths"):
         config(tmp_path, num_paths=0)
     with pytest.raises(ValueError, match="ds3_gather_for_generation"):
@@ -206,7 +206,7 @@ def test_sampling_options_the_trainer_cannot_reproduce_are_refused(tmp_path, opt
     (name,) = option
     with pytest.raises(ValueError, match=f"^{name}=.*training forward"):
         config(tmp_path, **option)
-    config(tmp_path, rollout_mode="trl", attention="causal", **option)  # TRL's own generation: TRL's business
+    config(tmp_path, rollout_mode="plain", attention="causal", **option)  # TRL's own generation: TRL's business
 
 
 def test_rewards_score_the_tag_ids_not_text_that_spells_them(tmp_path, tag_prone_dir, dataset):

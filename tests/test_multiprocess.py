@@ -273,7 +273,7 @@ def test_zero3_without_the_gather_refuses_the_engine_on_transformers(tmp_path, t
         with pytest.raises(ValueError, match="set ds3_gather_for_generation true"):
             check_zero3_generation(zero3_config(tmp_path, rollout_mode=mode, attention=attention))
     # in step by construction: TRL's own generation (synced_gpus), vLLM (no collective), the gather on
-    check_zero3_generation(zero3_config(tmp_path, rollout_mode="trl", attention="causal"))
+    check_zero3_generation(zero3_config(tmp_path, rollout_mode="plain", attention="causal"))
     check_zero3_generation(zero3_config(tmp_path, use_vllm=True))
     check_zero3_generation(zero3_config(tmp_path, ds3_gather_for_generation=True))
     without_deepspeed = dict(per_device_train_batch_size=4, num_generations=4, use_cpu=True, report_to=[])

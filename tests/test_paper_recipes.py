@@ -90,7 +90,7 @@ GRPO = {
     "unseen_s1": (["accuracy"], 0.2, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "settings: ~300 DAPO steps"),
     "unseen_s2": ([S2], 0.28, DAPO, "isolated", "fork", (8, 2048, 1024), 600, "settings"),
     "seen_dapo": (["accuracy"], 0.2, DAPO, "causal", "fork", (8, 2048, 1024), 600, "settings"),  # reward: assumed
-    "baseline_dapo": (["accuracy"], 0.2, DAPO, "causal", "trl", (8, 2048, 1024), 600, "settings"),
+    "baseline_dapo": (["accuracy"], 0.2, DAPO, "causal", "plain", (8, 2048, 1024), 600, "settings"),
     "seen_gsm8k": (
         ["accuracy_times_parallel", "accuracy"],
         0.2,
@@ -180,7 +180,7 @@ def test_grpo_recipe_is_the_papers_key_by_key(name):
     path = RECIPES / "grpo" / f"{name}.yaml"
     script_args, args, _ = parse(grpo_parser, path)
     rewards, epsilon_high, dataset, attention, rollout_mode, batch, max_steps, _ = GRPO[name]
-    table = RL + (ENGINE if args.rollout_mode != "trl" else [])
+    table = RL + (ENGINE if args.rollout_mode != "plain" else [])
     table += [(key, n * args.optimizer_steps_per_generation, source) for key, n, source in PER_GENERATION]
     table += [
         ("reward_funcs", rewards, "rewards (seen_dapo: assumed; the paper does not give this stage's reward)"),
@@ -197,7 +197,7 @@ def test_grpo_recipe_is_the_papers_key_by_key(name):
     assert args.per_device_train_batch_size * args.steps_per_generation * GPUS == per_generation
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * GPUS == per_step
     template = "plain" if name == "baseline_dapo" else "parallel"
-    assert script_args.prompt_template == template
+    assert args.prompt_template == template
 
 
 def test_every_qwen3_recipe_is_in_a_table():

@@ -230,7 +230,7 @@ def test_paper_eval_recipe_is_the_papers_protocol():
     _, training, _ = parse("grpo", RECIPES / "Qwen3-4B-Base" / "grpo" / "unseen_s2.yaml")
     rollout = ("attention", "rollout_mode", "num_paths", "max_blocks", "max_path_tokens", "max_summary_tokens")
     assert [getattr(config, key) for key in rollout] == [getattr(training, key) for key in rollout]  # as in training
-    assert config.max_completion_tokens == training.max_completion_length == 3000
+    assert config.max_completion_length == training.max_completion_length == 3000
 
 
 @pytest.mark.parametrize("path", COLD_START, ids=[str(p.relative_to(RECIPES)) for p in COLD_START])

@@ -5,7 +5,7 @@ import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
 from parallel_r1.format import PARALLEL_OPEN, parse
-from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Segment
+from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Segment
 from parallel_r1.rollout.backend import finish_segment
 
 
@@ -13,7 +13,7 @@ from parallel_r1.rollout.backend import finish_segment
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_kv_reuse_samples_what_the_naive_reference_samples(tag_prone, attention, mode, temperature):
     """Same tokens, same log-probs: KV reuse vs re-prefill per request vs re-encoding at every token."""
-    settings = dict(attention=attention, mode=mode, max_completion_tokens=64)
+    settings = dict(attention=attention, rollout_mode=mode, max_completion_length=64)
     runs = {
         reuse: engine(tag_prone, reuse, temperature, **settings).generate(prompts(tag_prone[2]))
         for reuse in ("full", "per_request", "none")
@@ -35,7 +35,9 @@ def test_what_is_trained_is_what_was_sampled(tag_prone, attention, mode, k, max_
     """The exact pairs: the trainer's forward (structure and grammar from the ids) gives the sampler's log-probs on
     every sampled token, also after the block limit (a banned <Parallel>) and on paths cut by their budget."""
     _, _, tokenizer, vocab = tag_prone
-    config = dict(attention=attention, mode=mode, num_paths=k, max_blocks=max_blocks, max_path_tokens=max_path_tokens)
+    config = dict(
+        attention=attention, rollout_mode=mode, num_paths=k, max_blocks=max_blocks, max_path_tokens=max_path_tokens
+    )
     rollouts = engine(tag_prone, **config).generate(prompts(tokenizer))
     assert sum(r.blocks for r in rollouts) >= 3
     if max_blocks == 1:
@@ -49,7 +51,7 @@ def test_what_is_trained_is_what_was_sampled(tag_prone, attention, mode, k, max_
 def test_without_the_grammar_the_trainer_would_train_another_policy(tag_prone):
     """The hole the grammar closes: scored without the bans, the same rollouts are off by nats after the limit."""
     _, _, tokenizer, _ = tag_prone
-    rollouts = engine(tag_prone, max_blocks=1, max_completion_tokens=200).generate(prompts(tokenizer))
+    rollouts = engine(tag_prone, max_blocks=1, max_completion_length=200).generate(prompts(tokenizer))
     gaps = []
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
@@ -61,7 +63,7 @@ def test_without_the_grammar_the_trainer_would_train_another_policy(tag_prone):
 def test_causal_training_of_forked_paths_is_a_measured_mismatch(tag_prone):
     """Seen + fork (the paper's Seen rollout) is not exact: later paths and the summary differ."""
     _, _, tokenizer, _ = tag_prone
-    rollouts = engine(tag_prone, attention="causal", mode="fork").generate(prompts(tokenizer))
+    rollouts = engine(tag_prone, attention="causal", rollout_mode="fork").generate(prompts(tokenizer))
     gaps = []
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
@@ -96,7 +98,7 @@ def test_inserted_tokens_are_masked_and_sampled_tokens_are_not(tag_prone):
 @pytest.mark.parametrize("k", [2, 3, 4])
 def test_every_block_has_k_paths_and_paths_respect_their_budget(tag_prone, k):
     _, _, tokenizer, vocab = tag_prone
-    rollouts = engine(tag_prone, num_paths=k, max_path_tokens=8, max_completion_tokens=400).generate(
+    rollouts = engine(tag_prone, num_paths=k, max_path_tokens=8, max_completion_length=400).generate(
         prompts(tokenizer)
     )
     blocks = 0
@@ -114,8 +116,8 @@ def test_every_block_has_k_paths_and_paths_respect_their_budget(tag_prone, k):
 
 def test_block_limit_bans_new_blocks_instead_of_cutting(tag_prone):
     _, _, tokenizer, vocab = tag_prone
-    unlimited = engine(tag_prone, max_blocks=10, max_completion_tokens=300).generate(prompts(tokenizer))
-    limited = engine(tag_prone, max_blocks=1, max_completion_tokens=300).generate(prompts(tokenizer))
+    unlimited = engine(tag_prone, max_blocks=10, max_completion_length=300).generate(prompts(tokenizer))
+    limited = engine(tag_prone, max_blocks=1, max_completion_length=300).generate(prompts(tokenizer))
     assert max(r.blocks for r in unlimited) > 1
     for r in limited:
         assert r.blocks <= 1
@@ -131,7 +133,7 @@ def test_block_limit_bans_new_blocks_instead_of_cutting(tag_prone):
 def test_completion_cap_holds(tag_prone):
     _, _, tokenizer, _ = tag_prone
     for cap in (1, 7, 50):
-        for r in engine(tag_prone, max_completion_tokens=cap, max_path_tokens=30).generate(prompts(tokenizer)):
+        for r in engine(tag_prone, max_completion_length=cap, max_path_tokens=30).generate(prompts(tokenizer)):
             assert len(r.completion_ids) <= cap
             assert r.finish == "eos" or len(r.completion_ids) == cap
             assert (r.finish == "eos") == (r.completion_ids[-1] == tokenizer.eos_token_id)
@@ -139,17 +141,17 @@ def test_completion_cap_holds(tag_prone):
 
 def test_eos_appears_only_at_the_end(tag_prone):
     _, _, tokenizer, _ = tag_prone
-    for r in engine(tag_prone, max_completion_tokens=300).generate(prompts(tokenizer)):
+    for r in engine(tag_prone, max_completion_length=300).generate(prompts(tokenizer)):
         assert tokenizer.eos_token_id not in r.completion_ids[:-1]
 
 
 def test_config_is_checked():
     with pytest.raises(ValueError, match="mode"):
-        RolloutConfig(mode="tree")
+        RolloutArguments(rollout_mode="tree")
     with pytest.raises(ValueError, match="isolated"):
-        RolloutConfig(mode="sequential", attention="isolated")
+        RolloutArguments(rollout_mode="sequential", attention="isolated")
     with pytest.raises(ValueError, match="num_paths must be at least 2"):
-        RolloutConfig(num_paths=1)
+        RolloutArguments(num_paths=1)
 
 
 @pytest.mark.parametrize(
@@ -174,4 +176,4 @@ def test_segment_rules(sampled, segment, tokens, finish, forced):
 def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):
     _, _, tokenizer, vocab = tag_prone
     with pytest.raises(ValueError, match="whitespace"):
-        ForkJoinEngine(None, vocab, [tokenizer.eos_token_id], tokenizer.encode("--"), RolloutConfig())
+        ForkJoinEngine(None, vocab, [tokenizer.eos_token_id], tokenizer.encode("--"), RolloutArguments())

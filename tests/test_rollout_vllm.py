@@ -6,7 +6,7 @@ from rollout_helpers import engine, prompts, trainer_logprobs
 from servers import vllm_server
 
 from parallel_r1.format import parse
-from parallel_r1.rollout import ForkJoinEngine, RolloutConfig, Sampling
+from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling
 from parallel_r1.rollout.vllm_backend import VLLMBackend
 
 pytestmark = pytest.mark.vllm
@@ -30,9 +30,9 @@ def llm(tag_prone_dir):
 
 def vllm_engine(setup, backend, **config):
     _, _, tokenizer, vocab = setup
-    config = {"max_completion_tokens": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
+    config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
     newline = tokenizer.encode("\n", add_special_tokens=False)
-    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutConfig(**config))
+    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutArguments(**config))
 
 
 def first_difference(a, b):
@@ -43,9 +43,9 @@ def first_difference(a, b):
 def test_causal_rollouts_match_the_transformers_backend(tag_prone, llm, mode):
     """Greedy, fp32: identical tokens and log-probs, blocks included (causal joins are exact in vLLM)."""
     _, model, tokenizer, _ = tag_prone
-    ours = engine(tag_prone, temperature=0.0, attention="causal", mode=mode).generate(prompts(tokenizer))
+    ours = engine(tag_prone, temperature=0.0, attention="causal", rollout_mode=mode).generate(prompts(tokenizer))
     theirs = vllm_engine(
-        tag_prone, VLLMBackend(llm=llm, sampling=Sampling(temperature=0.0)), attention="causal", mode=mode
+        tag_prone, VLLMBackend(llm=llm, sampling=Sampling(temperature=0.0)), attention="causal", rollout_mode=mode
     )
     theirs = theirs.generate(prompts(tokenizer))
     assert any(r.blocks for r in ours)
@@ -101,7 +101,7 @@ def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, ma
     true bans, are the trainer's (grammar re-applied from the ids), also after the block limit."""
     _, model, tokenizer, vocab = tag_prone
     backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
-    engine_ = vllm_engine(tag_prone, backend, attention="causal", mode="sequential", max_blocks=max_blocks)
+    engine_ = vllm_engine(tag_prone, backend, attention="causal", rollout_mode="sequential", max_blocks=max_blocks)
     rollouts = engine_.generate(prompts(tokenizer))
     assert any(r.blocks >= 1 for r in rollouts) and all(r.blocks <= max_blocks for r in rollouts)
     for r in rollouts:
@@ -124,9 +124,9 @@ def test_server_mode_generates_the_same_rollouts(tag_prone, server):
     """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process (the
     grammar's bans go as allowed_token_ids, since the HTTP API clamps logit biases to -100)."""
     _, model, tokenizer, _ = tag_prone
-    ours = engine(tag_prone, temperature=0.0, attention="causal", mode="fork").generate(prompts(tokenizer))
+    ours = engine(tag_prone, temperature=0.0, attention="causal", rollout_mode="fork").generate(prompts(tokenizer))
     backend = VLLMBackend(client=server, sampling=Sampling(temperature=0.0), vocab_size=model.config.vocab_size)
-    theirs = vllm_engine(tag_prone, backend, attention="causal", mode="fork").generate(prompts(tokenizer))
+    theirs = vllm_engine(tag_prone, backend, attention="causal", rollout_mode="fork").generate(prompts(tokenizer))
     assert any(r.blocks for r in theirs)
     for a, b in zip(ours, theirs):
         assert a.completion_ids == b.completion_ids

@@ -34,7 +34,7 @@ def test_the_layout_copies_every_later_path_at_the_positions_it_was_sampled_at(t
 
 
 @pytest.mark.parametrize("num_paths", [2, 3, 4])
-@pytest.mark.parametrize("limits", [{}, {"max_blocks": 1}, {"max_completion_tokens": 40}])
+@pytest.mark.parametrize("limits", [{}, {"max_blocks": 1}, {"max_completion_length": 40}])
 def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths, limits):
     """K paths, several blocks, the block limit reached, completions cut: the engine's fork sampling (paths from
     the context alone, the summary over a causal re-reading) is what the tree forward scores, to float32 noise."""
@@ -45,7 +45,7 @@ def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths,
     assert any(r.blocks for r in rollouts)
     if "max_blocks" in limits:
         assert any(r.blocks == 1 for r in rollouts)  # the limit was reached: <Parallel> banned afterwards
-    if "max_completion_tokens" in limits:
+    if "max_completion_length" in limits:
         assert any(r.finish == "length" for r in rollouts)  # cut by the cap
     for r in rollouts:
         sampled = torch.tensor(r.env_mask).bool()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..data import check_template
+from ..data.prompts import PromptArguments
 
 BACKENDS = ("transformers", "vllm", "openai", "function")
 
@@ -30,8 +30,8 @@ GENERATION_SETTINGS = (
 )
 
 
-@dataclass
-class ColdStartConfig:
+@dataclass(kw_only=True)
+class ColdStartConfig(PromptArguments):
     output_dir: str = field(
         metadata={"help": "Folder of samples.jsonl (every answer), train.parquet, report.md/json/png and run.json."}
     )
@@ -52,10 +52,6 @@ class ColdStartConfig:
     answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
     max_problems: int | None = field(
         default=None, metadata={"help": "Only the first N problems (raise it later to extend a run in place)."}
-    )
-    prompt_template: str = field(
-        default="parallel",
-        metadata={"help": "The instruction around each problem (data.TEMPLATES); the student's SFT prompt too."},
     )
 
     # Sampling
@@ -161,7 +157,7 @@ class ColdStartConfig:
     hub_private: bool = field(default=False, metadata={"help": "Make the pushed dataset private."})
 
     def __post_init__(self):
-        check_template(self.prompt_template)
+        super().__post_init__()
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         for name in ("num_samples", "max_new_tokens", "concurrency", "chunk_size", "vllm_tensor_parallel_size"):

@@ -1,9 +1,9 @@
 """What an evaluation recipe sets (`scripts/evaluate.py`; the model comes from TRL's `ModelConfig`).
 
-The sampling settings a trained model records (`sampling.ParallelSettings`: attention, prompt template, rollout,
+The rollout settings a trained model records (`rollout.RolloutArguments`: attention, prompt template, rollout,
 paths, budgets) default to the model's own: a field the recipe or a flag leaves unset takes the recorded value
 (`EvaluationConfig.with_model_settings`), one they set wins, and a model that recorded none is sampled with
-the defaults of `ParallelSettings` (the paper's, as `scripts/generate.py` samples it).
+the defaults of `RolloutArguments` (the paper's, as `scripts/generate.py` samples it).
 """
 
 from __future__ import annotations
@@ -11,24 +11,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
-from ..data import check_template
-from ..format import MIN_PATHS
-from ..sampling import ParallelSettings, read_settings
+from ..rollout import RecordedRolloutArguments
+from ..rollout.arguments import check_set_fields
+from ..sampling import recorded_settings
 
-ROLLOUT_MODES = ("fork", "sequential", "plain")
 BACKENDS = ("transformers", "vllm", "server")
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelSettings))
+ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(RecordedRolloutArguments))
 
 
-def recorded(name: str, text: str, **metadata):
-    """A sampling field: None (unset) until `with_model_settings` fills it."""
-    default = getattr(ParallelSettings(), name)
-    return field(default=None, metadata={"help": f"{text} Unset: the model's recorded value, else {default!r}.",
-                                         **metadata})  # fmt: skip
-
-
-@dataclass
-class EvaluationConfig:
+@dataclass(kw_only=True)
+class EvaluationConfig(RecordedRolloutArguments):
     output_dir: str = field(metadata={"help": "Folder of results.json, table.md, completions.jsonl and shards/."})
     benchmarks: list[str] = field(
         default_factory=lambda: ["aime24@16", "aime25@16", "amc23@16", "math500@1"],
@@ -39,24 +31,7 @@ class EvaluationConfig:
     )
     split: str = field(default="test", metadata={"help": "Split of every benchmark."})
     max_problems: int | None = field(default=None, metadata={"help": "Only the first N problems of each benchmark."})
-    prompt_template: str | None = recorded("prompt_template", "Prompt template (data.TEMPLATES).")
     label: str | None = field(default=None, metadata={"help": "Name of the model in the table (default: its path)."})
-    rollout_mode: str | None = recorded(
-        "rollout_mode",
-        "'fork' or 'sequential': the fork-join engine, as in training; 'plain': one decode, no engine (sequential "
-        "baselines, models without the tags).",
-        choices=list(ROLLOUT_MODES),
-    )
-    attention: str | None = recorded(
-        "attention",
-        "'isolated' (Unseen), 'causal' (Seen) or 'tree' (fork as a serving engine samples it).",
-        choices=["isolated", "causal", "tree"],
-    )
-    num_paths: int | None = recorded("num_paths", "Paths forked at each <Parallel>.")
-    max_blocks: int | None = recorded("max_blocks", "Blocks per completion (then <Parallel> is banned).")
-    max_path_tokens: int | None = recorded("max_path_tokens", "Sampled tokens per path.")
-    max_summary_tokens: int | None = recorded("max_summary_tokens", "Sampled tokens per summary.")
-    max_completion_tokens: int | None = recorded("max_completion_tokens", "Tokens per completion, all included.")
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
@@ -83,34 +58,24 @@ class EvaluationConfig:
 
     def __post_init__(self):
         """Checks what is set; `with_model_settings` checks the filled config again."""
-        if self.prompt_template is not None:
-            check_template(self.prompt_template)
-        for name, value, allowed in (
-            ("rollout_mode", self.rollout_mode, ROLLOUT_MODES),
-            ("attention", self.attention, ("isolated", "causal", "tree")),
-            ("backend", self.backend, BACKENDS),
-        ):
-            if value is not None and value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if self.rollout_mode == "sequential" and self.attention not in (None, "causal"):
-            raise ValueError("rollout_mode='sequential' samples the causal policy: use attention='causal' with it")
-        if self.rollout_mode != "plain" and self.num_paths is not None and self.num_paths < MIN_PATHS:
-            raise ValueError(f"num_paths must be at least {MIN_PATHS}, got {self.num_paths}")
+        check_set_fields(self)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.batch_size < 1 or (self.max_problems is not None and self.max_problems < 1):
             raise ValueError("batch_size and max_problems must be at least 1")
         self.benchmark_specs()  # fail now on a bad spec
 
     def with_model_settings(self, model_path: str, revision: str | None = None) -> EvaluationConfig:
         """This config with each unset sampling field filled from what the model recorded
-        (`sampling.read_settings`; `ParallelSettings`' defaults for a model that recorded none), and checked again."""
-        chosen = {name: getattr(self, name) for name in SAMPLING_FIELDS}
-        if None not in chosen.values():
+        (`sampling.recorded_settings`; `RolloutArguments`' defaults for a model that recorded none), and checked again."""
+        unset = [name for name in ROLLOUT_FIELDS if getattr(self, name) is None]
+        if not unset:
             return self
-        settings = read_settings(model_path, revision=revision, **chosen)
+        recorded = recorded_settings(model_path, revision=revision)
+        filled = {name: recorded[name] for name in unset}
         try:
-            return dataclasses.replace(self, **asdict(settings))
+            return dataclasses.replace(self, **filled)
         except ValueError as problem:
-            filled = {name: getattr(settings, name) for name, value in chosen.items() if value is None}
             raise ValueError(f"{problem} (unset here, so taken from {model_path}: {filled})") from None
 
     def benchmark_specs(self) -> list[tuple[str, int]]:

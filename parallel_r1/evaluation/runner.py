@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..cli import check_model_path
 from ..data import load_problems, prompt_ids
 from ..resume import check_settings
-from ..rollout import ForkJoinEngine, RolloutConfig, Sampling, TransformersBackend, plain_rollouts
+from ..rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.vllm_backend import VLLMBackend
 from ..tokens import eos_ids, has_parallel_tokens, tag_vocab
 from ..versions import versions
@@ -124,7 +124,7 @@ class _Sampler:
         self.separator = tokenizer.encode("\n", add_special_tokens=False)
         self.rollout = None
         if config.rollout_mode != "plain":
-            self.rollout = RolloutConfig.from_settings(config)
+            self.rollout = RolloutArguments.from_fields(config)
         if config.backend != "transformers" and state.num_processes > 1:
             raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
         if config.backend == "transformers":
@@ -172,7 +172,7 @@ class _Sampler:
         cfg, backend = self.config, self._backend(seed)
         with torch.no_grad():
             if cfg.rollout_mode == "plain":
-                rollouts = plain_rollouts(backend, prompts, cfg.max_completion_tokens, self.eos)
+                rollouts = plain_rollouts(backend, prompts, cfg.max_completion_length, self.eos)
             else:
                 rollouts = ForkJoinEngine(backend, self.vocab, self.eos, self.separator, self.rollout).generate(
                     prompts

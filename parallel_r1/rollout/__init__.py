@@ -1,15 +1,26 @@
 """Fork-join rollouts: the engine and its decoding backends (transformers, vLLM)."""
 
+from .arguments import (
+    ATTENTION,
+    ROLLOUT_MODES,
+    ParallelArguments,
+    RecordedRolloutArguments,
+    RolloutArguments,
+)
 from .backend import Backend, Decoded, Sampling, Segment
-from .engine import ForkJoinEngine, Rollout, RolloutConfig, plain_rollouts
+from .engine import ForkJoinEngine, Rollout, plain_rollouts
 from .hf_backend import TransformersBackend
 
 __all__ = [
+    "ATTENTION",
+    "ROLLOUT_MODES",
+    "ParallelArguments",
+    "RecordedRolloutArguments",
     "Backend",
     "Decoded",
     "ForkJoinEngine",
     "Rollout",
-    "RolloutConfig",
+    "RolloutArguments",
     "Sampling",
     "Segment",
     "TransformersBackend",

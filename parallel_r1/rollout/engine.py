@@ -19,7 +19,7 @@ Rules:
 - What may be sampled is the tag grammar's (`parallel_r1.grammar`), applied to every segment on every
   backend: after `max_blocks` blocks <Parallel> is banned (so the final answer is never cut by the block
   limit); inside a path or a summary only its closer may be sampled, and no EOS.
-- The completion never exceeds `max_completion_tokens`: a block that would overflow is cut there
+- The completion never exceeds `max_completion_length`: a block that would overflow is cut there
   (what is kept was sampled exactly as kept).
 - Inserted tokens carry env_mask 0 and log-prob 0.0; sampled tokens carry env_mask 1 and the
   sampler's log-prob. A completion holds at most one EOS, at its end.
@@ -28,52 +28,13 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from tqdm.auto import tqdm
 
-from ..format import MIN_PATHS, PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
+from ..format import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..grammar import Grammar
+from .arguments import ENGINE_MODES, RolloutArguments
 from .backend import Backend, Decoded, Segment
-
-
-@dataclass
-class RolloutConfig:
-    mode: Literal["fork", "sequential"] = "fork"
-    attention: Literal["isolated", "causal", "tree"] = "isolated"
-    num_paths: int = 2
-    max_blocks: int = 4
-    max_path_tokens: int = 512
-    max_summary_tokens: int = 256
-    max_completion_tokens: int = 3000
-
-    def __post_init__(self):
-        if self.mode not in ("fork", "sequential"):
-            raise ValueError(f"rollout mode must be 'fork' or 'sequential', got {self.mode!r}")
-        if self.attention not in ("isolated", "causal", "tree"):
-            raise ValueError(f"attention must be 'isolated', 'causal' or 'tree', got {self.attention!r}")
-        if self.mode == "sequential" and self.attention != "causal":
-            raise ValueError(
-                f"mode='sequential' samples every path after its siblings, which the {self.attention} structure "
-                f"would hide from them: use mode='fork' with attention='{self.attention}'"
-            )
-        if self.num_paths < MIN_PATHS:
-            raise ValueError(
-                f"num_paths must be at least {MIN_PATHS} (a block holds two or more paths), got {self.num_paths}"
-            )
-        for name in ("max_path_tokens", "max_summary_tokens", "max_completion_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_blocks < 0:
-            raise ValueError(f"max_blocks must be >= 0, got {self.max_blocks}")
-
-    @classmethod
-    def from_settings(cls, settings) -> RolloutConfig:
-        """From any settings object with these field names and `rollout_mode` (evaluation, sampling)."""
-        return cls(mode=settings.rollout_mode, attention=settings.attention, num_paths=settings.num_paths,
-                   max_blocks=settings.max_blocks, max_path_tokens=settings.max_path_tokens,
-                   max_summary_tokens=settings.max_summary_tokens,
-                   max_completion_tokens=settings.max_completion_tokens)  # fmt: skip
 
 
 @dataclass
@@ -98,7 +59,9 @@ class _State:
 
 
 class ForkJoinEngine:
-    def __init__(self, backend: Backend, vocab: TagVocab, eos_ids, separator_ids: list[int], config: RolloutConfig):
+    def __init__(self, backend: Backend, vocab: TagVocab, eos_ids, separator_ids: list[int], config: RolloutArguments):
+        if config.rollout_mode not in ENGINE_MODES:
+            raise ValueError(f"the engine samples rollout_mode {ENGINE_MODES}, not {config.rollout_mode!r}")
         self.backend, self.config = backend, config
         self.tag = vocab.ids
         self.grammar = Grammar(vocab, frozenset(eos_ids), config.max_blocks)
@@ -106,6 +69,7 @@ class ForkJoinEngine:
             # the trainer finds the summary by parsing the ids: a separator that is not whitespace would end the block
             raise ValueError(f"the separator inserted before <Summary> must be whitespace tokens, got {separator_ids}")
         self.separator = list(separator_ids)
+        self._after = {"main": self._after_main, "paths": self._after_paths, "summary": self._after_summary}
 
     def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:
         states = [_State(Rollout(list(p)), s) for p, s in zip(prompts, self.backend.start(prompts))]
@@ -144,22 +108,22 @@ class ForkJoinEngine:
 
     def _segments(self, state: _State) -> list[Segment]:
         cfg, rollout = self.config, state.rollout
-        room = cfg.max_completion_tokens - len(rollout.completion_ids)
+        room = cfg.max_completion_length - len(rollout.completion_ids)
         if state.phase == "main":
             return [self._segment(state.stream, "main", rollout.blocks, room)]
         if state.phase == "paths":
             budget = max(1, min(cfg.max_path_tokens, room - 1))
-            streams = state.children if cfg.mode == "fork" else [state.stream]
+            streams = state.children if cfg.rollout_mode == "fork" else [state.stream]
             return [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
         budget = max(1, min(cfg.max_summary_tokens, room - 1))
         return [self._segment(state.stream, "summary", rollout.blocks, budget, self.tag[SUMMARY_CLOSE])]
 
     # -- what each phase does with the result
     def _advance(self, state: _State, results: list[Decoded]) -> None:
-        getattr(self, "_after_" + state.phase)(state, results)
+        self._after[state.phase](state, results)
         rollout = state.rollout
-        if state.phase != "done" and len(rollout.completion_ids) >= self.config.max_completion_tokens:
-            cap = self.config.max_completion_tokens
+        if state.phase != "done" and len(rollout.completion_ids) >= self.config.max_completion_length:
+            cap = self.config.max_completion_length
             del rollout.completion_ids[cap:], rollout.logprobs[cap:], rollout.env_mask[cap:]
             state.phase, rollout.finish = "done", "length"
 
@@ -172,7 +136,7 @@ class ForkJoinEngine:
             state.phase = "done"
         else:  # <Parallel> was sampled
             opener = [self.tag[PATH_OPEN]]
-            if self.config.mode == "fork":
+            if self.config.rollout_mode == "fork":
                 isolated = self.config.attention == "isolated"
                 state.children = self.backend.fork(state.stream, self.config.num_paths, isolated)
                 for child in state.children:
@@ -185,7 +149,7 @@ class ForkJoinEngine:
         for decoded in results:
             self._insert(state.rollout, [self.tag[PATH_OPEN]])
             self._record(state.rollout, decoded)
-        if self.config.mode == "sequential":
+        if self.config.rollout_mode == "sequential":
             state.paths_done += 1
             if state.paths_done < self.config.num_paths:
                 self.backend.append(state.stream, [self.tag[PATH_OPEN]])

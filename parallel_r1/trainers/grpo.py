@@ -57,9 +57,9 @@ def check_zero3_generation(args: ParallelGRPOConfig) -> None:
     Without the gather every forward of the sharded model is a collective (each layer's weights are fetched from
     the other processes), and the engine's decode loop runs as many forwards as this process's own completions
     need: processes that decode different lengths wait on each other's collectives and hang, or pair up the wrong
-    ones. TRL's own generation (`rollout_mode="trl"`) keeps the processes in step (transformers' `synced_gpus`), and
+    ones. TRL's own generation (`rollout_mode="plain"`) keeps the processes in step (transformers' `synced_gpus`), and
     with vLLM the engine makes no collective (TRL's weight sync gathers parameter by parameter, in step)."""
-    if args.rollout_mode != "trl" and not args.use_vllm and not args.ds3_gather_for_generation and _zero3(args):
+    if args.rollout_mode != "plain" and not args.use_vllm and not args.ds3_gather_for_generation and _zero3(args):
         raise ValueError(
             "ds3_gather_for_generation=false under DeepSpeed ZeRO-3 with the fork-join engine on transformers: every "
             "forward of the sharded model is a collective and the processes decode different lengths, so they "
@@ -72,8 +72,10 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         if not isinstance(args, ParallelGRPOConfig):
             raise TypeError(f"args must be a ParallelGRPOConfig, got {type(args).__name__}")
         if "rollout_func" in kwargs:
-            raise ValueError("ParallelGRPOTrainer generates with its own rollout_func; set rollout_mode='trl' instead")
-        uses_engine = args.rollout_mode != "trl"
+            raise ValueError(
+                "ParallelGRPOTrainer generates with its own rollout_func; set rollout_mode='plain' instead"
+            )
+        uses_engine = args.rollout_mode != "plain"
         check_zero3_generation(args)
         if args.use_vllm and args.vllm_mode == "colocate":
             keep_cpu_linear_weights()  # on CPU only: TRL's weight sync needs the weights vLLM would repack
@@ -119,7 +121,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         return Sampling(temperature=args.temperature, seed=seed)
 
     def _engine(self, backend) -> ForkJoinEngine:
-        return ForkJoinEngine(backend, self.tag_vocab, self.eos_token_ids, self._newline, self.args.rollout_config())
+        return ForkJoinEngine(backend, self.tag_vocab, self.eos_token_ids, self._newline, self.args)
 
     def _rollouts(self, prompt_ids: list) -> list:
         if self.use_vllm:  # colocate: this process's own vLLM engine, weights already synced by TRL
@@ -193,7 +195,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         engine starts (TRL's colocated `LLM(seed=process_index // tensor_parallel_size)`, or the server's own
         seed) and not in the checkpoint: a resumed run samples from a restarted stream. A checkpoint without the
         engine file (older versions) is resumed with the stream seeded afresh, as before, after a warning.
-        `rollout_mode="trl"` samples from torch's global generator, which transformers restores.
+        `rollout_mode="plain"` samples from torch's global generator, which transformers restores.
         """
         super()._load_rng_state(checkpoint)
         if checkpoint is None or self.grammar is None:

@@ -1,0 +1,132 @@
+"""The settings that decide how a parallel-thinking model is trained and sampled, each declared once here.
+
+- `ParallelArguments`: the prompt template (`data.PromptArguments`, which the cold start shares) and the attention
+  variant (SFT's config inherits them);
+- `RolloutArguments`: those plus the rollout: mode, paths, block limit and token budgets (GRPO's config inherits
+  them, the engine reads them, a trained model records them: `parallel_r1.sampling`);
+- `RecordedRolloutArguments`: the same fields, derived, each None until filled from what the model recorded
+  (evaluation's and generation's arguments inherit it).
+
+The defaults are the paper's (2 paths, 4 blocks, 3000-token budgets: docs/paper.md, "The settings"); they are also
+what a model that recorded nothing is sampled with. `max_completion_length` is TRL's name, and in GRPO's config
+this declaration replaces TRL's.
+"""
+
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
+from typing import Literal, get_args, get_type_hints
+
+from ..data.prompts import PromptArguments, check_template
+from ..format import MIN_PATHS
+
+Attention = Literal["isolated", "causal", "tree"]
+RolloutMode = Literal["fork", "sequential", "plain"]
+ATTENTION: tuple[str, ...] = get_args(Attention)
+ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
+ENGINE_MODES = ("fork", "sequential")
+
+# Old names a recipe or a flag may still use: refused in one line that names the new one (`renamed_setting`).
+RENAMED_KEYS = {"max_completion_tokens": "max_completion_length"}
+RENAMED_VALUES = {("rollout_mode", "trl"): "plain"}
+
+
+@dataclass(kw_only=True)
+class ParallelArguments(PromptArguments):
+    """What a model is trained with and sampled with again: its prompt template and attention variant."""
+
+    attention: Attention = field(
+        default="isolated",
+        metadata={
+            "help": "'isolated' (Unseen: the paths of a block cannot attend to each other and restart their positions "
+            "at the block's opener), 'causal' (Seen: plain causal attention) or 'tree' (the paths as isolated, what "
+            "follows reads them as written: what a serving engine samples in fork mode, trained exactly).",
+        },
+    )
+
+    def __post_init__(self):
+        check_set_fields(self)
+
+
+@dataclass(kw_only=True)
+class RolloutArguments(ParallelArguments):
+    """How completions are sampled: with the fork-join engine (`fork`, `sequential`) or one plain decode."""
+
+    rollout_mode: RolloutMode = field(
+        default="fork",
+        metadata={
+            "help": "'fork': the fork-join engine decodes the paths of a block concurrently; 'sequential': the same "
+            "blocks with the paths decoded one after the other, each reading the earlier ones (the causal policy "
+            "exactly); 'plain': one decode with no engine and no tag grammar (TRL's own generation in GRPO): "
+            "sequential baselines and models without the tags.",
+        },
+    )
+    num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
+    max_blocks: int = field(
+        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
+    )
+    max_path_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per path before it is closed."})
+    max_summary_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per summary before it is closed."})
+    max_completion_length: int = field(
+        default=3000, metadata={"help": "Tokens per completion, inserted tags included."}
+    )
+
+    @classmethod
+    def from_fields(cls, source) -> "RolloutArguments":
+        """These settings as `source` (any object with these attributes: a trainer config, a filled evaluation
+        config) has them; an attribute it lacks keeps its default."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)})
+
+
+def check_set_fields(args) -> None:
+    """Every range and combination rule of the settings above, on the fields that are set (not None)."""
+    value = {f.name: getattr(args, f.name, None) for f in fields(RolloutArguments)}
+    choices = {"attention": ATTENTION, "rollout_mode": ROLLOUT_MODES}
+    for name, allowed in choices.items():
+        if value[name] is not None and value[name] not in allowed:
+            new = RENAMED_VALUES.get((name, value[name]))
+            hint = f" ({value[name]!r} is now called {new!r})" if new else ""
+            raise ValueError(f"{name} must be one of {allowed}, got {value[name]!r}{hint}")
+    if value["rollout_mode"] == "sequential" and value["attention"] not in (None, "causal"):
+        raise ValueError(
+            f"rollout_mode='sequential' samples every path after its siblings, which the {value['attention']} "
+            f"structure would hide from them: use attention='causal' with it, or rollout_mode='fork'"
+        )
+    if value["num_paths"] is not None and value["num_paths"] < MIN_PATHS:
+        problem = f"num_paths must be at least {MIN_PATHS} (a block holds two or more paths)"
+        raise ValueError(f"{problem}, got {value['num_paths']}")
+    for name in ("max_path_tokens", "max_summary_tokens", "max_completion_length"):
+        if value[name] is not None and value[name] < 1:
+            raise ValueError(f"{name} must be at least 1, got {value[name]}")
+    if value["max_blocks"] is not None and value["max_blocks"] < 0:
+        raise ValueError(f"max_blocks must be >= 0, got {value['max_blocks']}")
+    if value["prompt_template"] is not None:
+        check_template(value["prompt_template"])
+
+
+def renamed_setting(keys) -> str | None:
+    """Why a recipe's or command line's settings (name -> value, or names) use an old name, or None."""
+    for key in keys:
+        if key in RENAMED_KEYS:
+            return f"{key} is now called {RENAMED_KEYS[key]}"
+    if isinstance(keys, dict):
+        for (key, old), new in RENAMED_VALUES.items():
+            if keys.get(key) == old:
+                return f"{key}: {old!r} is now called {new!r}"
+    return None
+
+
+def _unset_variant(cls: type) -> type:
+    """`cls` with each field None by default, meaning: the value the model recorded, else `cls`'s default."""
+    specs, types = [], get_type_hints(cls)
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        help_text = f"{f.metadata['help']} Unset: the model's recorded value, else {default!r}."
+        specs.append((f.name, types[f.name] | None, field(default=None, metadata={**f.metadata, "help": help_text})))
+    variant = make_dataclass(
+        f"Recorded{cls.__name__}", specs, namespace={"__post_init__": check_set_fields}, kw_only=True
+    )
+    variant.__module__ = __name__
+    variant.__doc__ = f"`{cls.__name__}`, each field None (unset) until filled from what a model recorded."
+    return variant
+
+
+RecordedRolloutArguments = _unset_variant(RolloutArguments)

@@ -1,0 +1,99 @@
+"""The rollout settings are declared once (`rollout.arguments`); every config that needs them inherits them or the
+variant derived from them, and old names are refused with the new one named."""
+
+import ast
+import dataclasses
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+from trl import GRPOConfig
+
+from parallel_r1.configs import ParallelGRPOConfig, ParallelSFTConfig, grpo_parser
+from parallel_r1.evaluation.config import EvaluationConfig
+from parallel_r1.rollout import ParallelArguments, RecordedRolloutArguments, RolloutArguments
+from parallel_r1.sampling import read_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = [f.name for f in dataclasses.fields(RolloutArguments)]
+OWNER = {
+    "attention": "parallel_r1/rollout/arguments.py:ParallelArguments",
+    "prompt_template": "parallel_r1/data/prompts.py:PromptArguments",
+}
+
+
+def declarations(name: str) -> list[str]:
+    """Where a class body of the package or the scripts declares a setting `name`: a field with help (file:class)."""
+    found = []
+    for path in sorted([*(ROOT / "parallel_r1").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    target = getattr(statement, "target", None)
+                    value = getattr(statement, "value", None)
+                    helped = isinstance(value, ast.Call) and any(k.arg == "metadata" for k in value.keywords)
+                    if isinstance(target, ast.Name) and target.id == name and helped:
+                        found.append(f"{path.relative_to(ROOT)}:{node.name}")
+    return found
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_each_rollout_setting_is_declared_once(name):
+    assert declarations(name) == [OWNER.get(name, "parallel_r1/rollout/arguments.py:RolloutArguments")]
+
+
+def test_the_configs_inherit_the_settings_or_their_unset_variant():
+    generate = runpy.run_path(str(ROOT / "scripts" / "generate.py"))["GenerateArguments"]
+    assert issubclass(ParallelGRPOConfig, RolloutArguments) and issubclass(ParallelSFTConfig, ParallelArguments)
+    assert issubclass(EvaluationConfig, RecordedRolloutArguments) and issubclass(generate, RecordedRolloutArguments)
+    unset = {f.name: f for f in dataclasses.fields(RecordedRolloutArguments)}
+    assert list(unset) == SETTINGS and all(f.default is None for f in unset.values())
+    assert "Unset: the model's recorded value, else 'isolated'." in unset["attention"].metadata["help"]
+
+
+def test_grpo_takes_the_completion_cap_under_trls_name_and_keeps_trls_positional_order(tmp_path):
+    ours = ParallelGRPOConfig(str(tmp_path), use_cpu=True, bf16=False)
+    assert ours.output_dir == str(tmp_path) and ours.max_completion_length == RolloutArguments().max_completion_length
+    assert "max_completion_length" in {f.name for f in dataclasses.fields(GRPOConfig)}  # the name TRL reads
+
+
+def test_literal_settings_offer_their_choices_in_help():
+    help_text = " ".join(grpo_parser().format_help().split())
+    assert "--rollout_mode {fork,sequential,plain}" in help_text and "--attention {isolated,causal,tree}" in help_text
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(rollout_mode="trl"), "'trl' is now called 'plain'"),
+        (dict(attention="sideways"), "attention must be one of"),
+        (dict(rollout_mode="sequential", attention="tree"), "attention='causal'"),
+        (dict(num_paths=1), "num_paths must be at least 2"),
+        (dict(max_blocks=-1), "max_blocks must be >= 0"),
+        (dict(max_completion_length=0), "max_completion_length must be at least 1"),
+        (dict(prompt_template="fancy"), "template"),
+    ],
+)
+def test_bad_settings_are_refused_by_every_config_that_holds_them(tmp_path, values, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutArguments(**values)
+    with pytest.raises(ValueError, match=message):
+        RecordedRolloutArguments(**values)
+    with pytest.raises(ValueError, match=message):
+        EvaluationConfig(output_dir=str(tmp_path), **values)
+
+
+def test_unset_settings_pass_the_checks_until_filled():
+    assert dataclasses.asdict(RecordedRolloutArguments(rollout_mode="sequential")) == {
+        **dict.fromkeys(SETTINGS),
+        "rollout_mode": "sequential",
+    }
+
+
+def test_a_model_that_recorded_an_old_name_is_read_under_the_new_one(tmp_path):
+    old = {"attention": "causal", "rollout_mode": "sequential", "max_completion_tokens": 77, "gone": 1}
+    (tmp_path / "config.json").write_text(json.dumps({"parallel_r1": old}))
+    assert read_settings(str(tmp_path)) == RolloutArguments(
+        attention="causal", rollout_mode="sequential", max_completion_length=77
+    )
