@@ -63,7 +63,7 @@ bench: install
 	$(PY) benchmarks/bench_structures.py --flex
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_evaluation.py
-	$(PY) -m parallel_r1.drills.fuzz --n 100000 --seed 0 --out benchmarks/results/fuzz.md
+	$(PY) -m parallel_r1.testing.drills.fuzz --n 100000 --seed 0 --out benchmarks/results/fuzz.md
 
 # On a CUDA machine: installs from the wheels in wheels/ when there is no package index, then the tests marked gpu
 # and the GPU benchmarks (results in benchmarks/results/gpu-*.md); see scripts/gpu_check.sh

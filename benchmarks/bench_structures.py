@@ -62,7 +62,7 @@ def trace_rows(tokenizer, vocab, batch: int, length: int):
     then shipped cold-start traces laid end to end from trace 41 * i on, the last one cut where the row is full.
     Returns the ids [B, L], each row's completion start and the blocks the completions hold."""
     from parallel_r1.data import DATA_DIR, load_problems
-    from parallel_r1.format import parse
+    from parallel_r1.tags.language import parse
 
     with open(DATA_DIR / "parallel_gsm8k_sample.jsonl", encoding="utf-8") as f:
         traces = [tokenizer.encode(json.loads(line)["response"] + "\n\n", add_special_tokens=False) for line in f]
@@ -253,7 +253,7 @@ def correction_at_length(model_dir, batch: int) -> dict:
     the per-token gap of the same weights in the two dtypes, and what each correction mode makes of it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from parallel_r1.tokens import tag_vocab
+    from parallel_r1.tags.tokens import tag_vocab
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids, start, _ = trace_rows(tokenizer, tag_vocab(tokenizer), batch, PAPER_COMPLETION * 8 // 7 + 8)
@@ -334,8 +334,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from parallel_r1.tiny import save_tiny
-    from parallel_r1.tokens import tag_vocab
+    from parallel_r1.tags.tokens import tag_vocab
+    from parallel_r1.testing.tiny import save_tiny
 
     if args.variant:  # the same rows in every child, so each variant's peak is its own
         torch.set_num_threads(args.threads)

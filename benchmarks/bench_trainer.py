@@ -2,7 +2,7 @@
 
     python benchmarks/bench_trainer.py [--threads 1] [--steps 30] [--attention isolated|causal|tree]
 
-The workload is the same for every trainer: the tiny Qwen3 of `parallel_r1.tiny`, changed so that it never
+The workload is the same for every trainer: the tiny Qwen3 of `parallel_r1.testing.tiny`, changed so that it never
 samples a tag or EOS, GSM8K prompts in the `plain` template, and a reward that reads only the text's length; so
 every completion is plain text of exactly `--completion-length` tokens, with no block (checked from the logs):
 - stock: TRL's `GRPOTrainer` (TRL's generation, TRL's fused log-prob head);
@@ -38,9 +38,9 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from parallel_r1.data import load_problems
-from parallel_r1.format import TAGS
-from parallel_r1.tiny import build_model, build_tokenizer, pin_logits
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.language import TAGS
+from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.tiny import build_model, build_tokenizer, pin_logits
 from parallel_r1.trainers import ParallelGRPOConfig, ParallelGRPOTrainer
 
 logger = logging.getLogger("bench_trainer")

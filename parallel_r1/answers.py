@@ -49,7 +49,7 @@ from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
-from .format import strip_tags
+from .tags.language import strip_tags
 
 logger = logging.getLogger(__name__)
 

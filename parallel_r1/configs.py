@@ -19,6 +19,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
 
 from .cli import OneLineErrors, take_recipe
 from .cold_start.config import ColdStartConfig
+from .data.arguments import ColumnArguments
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import ParallelArguments, RolloutArguments
 from .rollout.arguments import renamed_setting
@@ -101,13 +102,11 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments):
 
 
 @dataclass
-class DataArguments(ScriptArguments):
-    """TRL's `ScriptArguments` (`dataset_name`, `dataset_config`, the splits) plus how the rows are read; the data
-    settings of SFT and GRPO. `dataset_name` is a shipped set (gsm8k, math500, aime24, aime25, amc23;
+class DataArguments(ScriptArguments, ColumnArguments):
+    """TRL's `ScriptArguments` (`dataset_name`, `dataset_config`, the splits), the columns (`ColumnArguments`, shared
+    with the cold start) and how many rows are kept; the data settings of SFT and GRPO. `dataset_name` is a shipped set (gsm8k, math500, aime24, aime25, amc23;
     parallel_gsm8k_sample for SFT), a local .jsonl/.json/.parquet file or a Hub dataset id."""
 
-    question_column: str | None = field(default=None, metadata={"help": "Column of the problem, if not a known one."})
-    answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N usable rows of the training split."}
     )

@@ -8,7 +8,7 @@ The rule (docs/paper.md, Seen and Unseen), for the completion part of a sequence
   any, is part of the path). The first token after the paths gets pos(`<Parallel>`) + longest path + 1,
   where a path's length counts its lead and its tags. The prompt and the main text count up by one.
 
-The tree comes from `format.parse`, which reads ids with the same state machine as the rollout
+The tree comes from `language.parse`, which reads ids with the same state machine as the rollout
 engine, so a cut completion gets the structure it was sampled with (an unclosed last path is
 still a path). The prompt is never parsed: its tags (the instruction names them) are plain text.
 
@@ -27,8 +27,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .format import Block, TagVocab, Text, parse
-from .grammar import masked_logps
+from .tags.grammar import masked_logps
+from .tags.language import Block, TagVocab, Text, parse
 
 SUPPORTED_ATTENTION = ("sdpa",)
 

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from parallel_r1.cli import OneLineErrors, run
 from parallel_r1.data import PLAIN_CHAT_TEMPLATE
-from parallel_r1.tokens import add_parallel_tokens, tag_ids
+from parallel_r1.tags.tokens import add_parallel_tokens, tag_ids
 
 logger = logging.getLogger(__name__)
 RESERVED_PADS = ("<|finetune_right_pad_id|>", "<pad>")  # padding tokens some bases reserve without naming them

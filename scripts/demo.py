@@ -1,12 +1,12 @@
 """The whole Parallel-R1 method in miniature, on 2 CPU cores: every stage is one of the project's scripts (or TRL's),
-run as a user would run it at scale, on the task of `parallel_r1.demo.task`.
+run as a user would run it at scale, on the task of `parallel_r1.testing.demo.task`.
 
     python scripts/demo.py                      # make demo: the method against its baseline (13-16 min, 15-18 with the install)
     python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (~1 h, estimated)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
-  1. data and an untrained base       python -m parallel_r1.demo.task
+  1. data and an untrained base       python -m parallel_r1.testing.demo.task
   2. pretrain the base                TRL's own SFT script on plain step-by-step solutions
   3. add the tags                     scripts/add_special_tokens.py
   4. cold-start traces                scripts/generate_cold_start.py (the task's programmatic teacher)
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from parallel_r1.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
-from parallel_r1.demo.task import vote_report
-from parallel_r1.resume import read_lines
+from parallel_r1.durable import read_lines
+from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
+from parallel_r1.testing.demo.task import vote_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
@@ -98,7 +98,7 @@ class Demo:
         self.stage(
             "data and an untrained base",
             "data",
-            [*PYTHON, "-m", "parallel_r1.demo.task", str(self.out), "--seed", str(self.seed)],
+            [*PYTHON, "-m", "parallel_r1.testing.demo.task", str(self.out), "--seed", str(self.seed)],
         )
         self.stage(
             "pretrain the base on plain solutions (TRL's SFT script)",

@@ -20,7 +20,7 @@ from transformers import HfArgumentParser
 
 from parallel_r1.cli import OneLineErrors, run
 from parallel_r1.configs import refuse_renamed_settings
-from parallel_r1.rollout import RecordedRolloutArguments
+from parallel_r1.rollout.arguments import RecordedRolloutArguments, SamplingArguments
 
 
 class ArgumentParser(OneLineErrors, HfArgumentParser):
@@ -28,14 +28,13 @@ class ArgumentParser(OneLineErrors, HfArgumentParser):
 
 
 @dataclass(kw_only=True)
-class GenerateArguments(RecordedRolloutArguments):
+class GenerateArguments(RecordedRolloutArguments, SamplingArguments):
     """What to answer and how; a rollout setting left unset is the model's recorded one."""
 
     model_name_or_path: str = field(metadata={"help": "A trained model folder or Hub id."})
     prompt: list[str] = field(default_factory=list, metadata={"help": "Problems to answer: --prompt 'one' 'two'."})
     file: str | None = field(default=None, metadata={"help": "A .txt (one problem a line) or .jsonl file."})
     output: str | None = field(default=None, metadata={"help": "Write one JSON line a problem here."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     seed: int = field(default=0, metadata={"help": "Seed of the sampling."})
     batch_size: int = field(default=16, metadata={"help": "Problems sampled together (and written) at a time."})
 
@@ -67,7 +66,9 @@ def main() -> None:
 
     overrides = {f.name: getattr(args, f.name) for f in fields(RecordedRolloutArguments)}
     problems = list(args.prompt) + (read_problems(args.file) if args.file else [])
-    sampler = ParallelSampler(args.model_name_or_path, temperature=args.temperature, seed=args.seed, **overrides)
+    sampler = ParallelSampler(
+        args.model_name_or_path, temperature=args.temperature, top_p=args.top_p, seed=args.seed, **overrides
+    )
     color = sys.stdout.isatty()
     out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 - closed below
     try:

@@ -56,10 +56,10 @@ def load_split(script_args, training_args, tokenizer, split):
 def main(script_args, training_args, model_args, recipe: str | None = None):
     from trl import get_peft_config
 
-    from parallel_r1.launch import load_model, load_tokenizer, train_and_save
     from parallel_r1.rewards import get_reward_funcs
     from parallel_r1.rollout import RolloutArguments
     from parallel_r1.trainers import ParallelGRPOTrainer
+    from parallel_r1.training import load_model, load_tokenizer, train_and_save
 
     tokenizer = load_tokenizer(model_args, training_args)
     steps_per_batch = training_args.optimizer_steps_per_generation  # reward schedules count generations
@@ -87,7 +87,7 @@ def cli() -> None:
 
     parser = grpo_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    from parallel_r1.launch import setup_logging
+    from parallel_r1.training import setup_logging
 
     setup_logging(training_args)
     main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe

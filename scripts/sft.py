@@ -40,9 +40,9 @@ def load_traces(script_args, training_args, tokenizer, split):
 def main(script_args, training_args, model_args, recipe: str | None = None):
     from trl import get_peft_config
 
-    from parallel_r1.launch import load_model, load_tokenizer, train_and_save
     from parallel_r1.rollout import RolloutArguments
     from parallel_r1.trainers import ParallelSFTTrainer
+    from parallel_r1.training import load_model, load_tokenizer, train_and_save
 
     tokenizer = load_tokenizer(model_args, training_args)
     model = load_model(model_args, training_args)
@@ -70,7 +70,7 @@ def cli() -> None:
 
     parser = sft_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    from parallel_r1.launch import setup_logging
+    from parallel_r1.training import setup_logging
 
     setup_logging(training_args)
     main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe

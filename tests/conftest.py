@@ -13,8 +13,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from parallel_r1.tiny import save_tiny
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.tiny import save_tiny
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from parallel_r1.grammar import Grammar, GrammarForward
 from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend
 from parallel_r1.structure import IsolatedForward, TreeForward
+from parallel_r1.tags.grammar import Grammar, GrammarForward
 
 QUESTIONS = [
     "What is 2+2?",

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.data import load_sft_traces
 from parallel_r1.rollout import RolloutArguments
-from parallel_r1.tokens import tag_ids
+from parallel_r1.tags.tokens import tag_ids
 from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
 from parallel_r1.trainers.card import eval_command, eval_recipe, hub_id
 

@@ -12,7 +12,7 @@ from huggingface_hub import HfApi
 
 from parallel_r1 import cli
 from parallel_r1.cli import HUB_TIMEOUT_S, check_model_path, hub_problem
-from parallel_r1.launch import resume_target
+from parallel_r1.training import resume_target
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_MODEL_INFO = HfApi.model_info
@@ -154,10 +154,10 @@ def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_pron
     import json
     import shutil
 
-    from parallel_r1.format import TAGS, parse
+    from parallel_r1.model_settings import read_settings
     from parallel_r1.rollout import RolloutArguments
-    from parallel_r1.sampling import read_settings
-    from parallel_r1.tokens import tag_vocab
+    from parallel_r1.tags.language import TAGS, parse
+    from parallel_r1.tags.tokens import tag_vocab
 
     model = tmp_path / "model"
     shutil.copytree(tag_prone_dir, model)
@@ -192,7 +192,9 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
     import json
     import shutil
 
-    from parallel_r1.sampling import ParallelSampler, RolloutArguments, read_settings, write_settings
+    from parallel_r1.model_settings import read_settings, write_settings
+    from parallel_r1.rollout import RolloutArguments
+    from parallel_r1.sampling import ParallelSampler
 
     model = tmp_path / "model"
     shutil.copytree(tiny_dir, model)
@@ -208,8 +210,8 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
 
 def test_a_folder_without_config_json_is_read_offline(tmp_path):
     """A PEFT adapter folder: its settings come from parallel_r1.json; a folder with neither: the defaults."""
+    from parallel_r1.model_settings import read_settings, write_settings
     from parallel_r1.rollout import RolloutArguments
-    from parallel_r1.sampling import read_settings, write_settings
 
     (tmp_path / "adapter" / "adapter_config.json").parent.mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')

@@ -32,9 +32,9 @@ from parallel_r1.cold_start import (
 )
 from parallel_r1.cold_start.report import build_report
 from parallel_r1.data import DATA_DIR, build_prompt
-from parallel_r1.format import parse, stats, strip_tags
-from parallel_r1.resume import read_lines
-from parallel_r1.tiny import save_tiny_teacher, teacher_trace
+from parallel_r1.durable import read_lines
+from parallel_r1.tags.language import parse, stats, strip_tags
+from parallel_r1.testing.tiny import save_tiny_teacher, teacher_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 # sha256 of json.dumps([extra_info.answer of each row]) of the official SFT parquet the 341 traces come from

@@ -26,7 +26,7 @@ from parallel_r1.data import (
     trace_problem,
 )
 from parallel_r1.data.loaders import DAPO_PREFIX, DAPO_SUFFIX
-from parallel_r1.format import TAGS, parse, strip_tags
+from parallel_r1.tags.language import TAGS, parse, strip_tags
 
 # Rows as the Hub serves them (see the loaders' layout tables for the sources).
 DAPO_CHAT = "{prefix}\n\n{problem}\n\n{suffix}"

@@ -18,8 +18,9 @@ from parallel_r1.answers import extract_answer, is_correct
 from parallel_r1.cold_start import ColdStartConfig, generate_cold_start
 from parallel_r1.data import build_prompt, load_problems
 from parallel_r1.data.loaders import final_answer, problem_text
-from parallel_r1.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
-from parallel_r1.demo.task import (
+from parallel_r1.tags.language import parse
+from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
+from parallel_r1.testing.demo.task import (
     EASY_MAX,
     NUM_PATHS,
     TEACHER_MALFORMED,
@@ -34,8 +35,7 @@ from parallel_r1.demo.task import (
     vote_report,
     write_data,
 )
-from parallel_r1.format import parse
-from parallel_r1.tiny import build_tokenizer
+from parallel_r1.testing.tiny import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 digits = st.integers(1, 9)
@@ -155,7 +155,7 @@ def function_teacher_run(tmp_path, function: str, max_problems: int) -> ColdStar
 
 
 def test_a_function_teacher_feeds_the_cold_start_pipeline(tmp_path):
-    config = function_teacher_run(tmp_path, "parallel_r1.demo.task:teacher", max_problems=200)
+    config = function_teacher_run(tmp_path, "parallel_r1.testing.demo.task:teacher", max_problems=200)
     report = generate_cold_start(config)
     rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").open()]
     reasons = Counter(r["reason"] for r in rejected)
@@ -183,7 +183,7 @@ def test_a_function_teacher_that_fails_some_requests_fails_them_alone(tmp_path):
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("parallel_r1.demo.task:nothing", "cannot load"),
+        ("parallel_r1.testing.demo.task:nothing", "cannot load"),
         ("no.such.module:f", "cannot load"),
         ("parallel_r1", "module:function"),
     ],

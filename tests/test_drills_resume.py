@@ -33,9 +33,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from parallel_r1.durable import read_lines
 from parallel_r1.evaluation import records as rec
 from parallel_r1.evaluation import summarize
-from parallel_r1.resume import read_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE_TIMEOUT = 300  # seconds for one phase (two concurrent launches) on a busy machine

@@ -20,7 +20,9 @@ import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
-from parallel_r1.format import (
+from parallel_r1.rollout import RolloutArguments
+from parallel_r1.tags.grammar import Grammar
+from parallel_r1.tags.language import (
     PARALLEL_CLOSE,
     PATH_CLOSE,
     PATH_OPEN,
@@ -30,8 +32,6 @@ from parallel_r1.format import (
     serialize,
     stats,
 )
-from parallel_r1.grammar import Grammar
-from parallel_r1.rollout import RolloutArguments
 
 MODES = [("fork", "isolated"), ("fork", "causal"), ("fork", "tree"), ("sequential", "causal")]
 CAPS = (1, 2, 3, 4, 5, 8, 13, 40)

@@ -19,7 +19,7 @@ SFT, GRPO = ROOT / "recipes/tiny/sft.yaml", ROOT / "recipes/tiny/grpo.yaml"
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, tag_prone_dir):
     """Recipes, data files and a base without the tags, each broken in one way."""
-    from parallel_r1.tiny import build_model, build_tokenizer
+    from parallel_r1.testing.tiny import build_model, build_tokenizer
 
     folder = tmp_path_factory.mktemp("bad_inputs")
     recipe = f"model_name_or_path: {tag_prone_dir}\ndataset_name: gsm8k\nuse_cpu: true\nbf16: false\n"

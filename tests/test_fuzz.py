@@ -8,14 +8,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from parallel_r1.answers import extract_reference
-from parallel_r1.drills import fuzz
-from parallel_r1.drills.fuzz import HUGE_CHARS, KEEP_SLOWEST, KINDS, SCHEDULE_SPECS, draw_case, run_fuzz
-from parallel_r1.format import TAGS, parse, serialize
 from parallel_r1.rewards import REWARDS, get_reward_funcs, registry
-from parallel_r1.tiny import build_tokenizer
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.language import TAGS, parse, serialize
+from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.drills import fuzz
+from parallel_r1.testing.drills.fuzz import HUGE_CHARS, KEEP_SLOWEST, KINDS, SCHEDULE_SPECS, draw_case, run_fuzz
+from parallel_r1.testing.tiny import build_tokenizer
 
-CI_SIZE = 600  # inputs; about 15 s on two cores (the full drill: `python -m parallel_r1.drills.fuzz`)
+CI_SIZE = 600  # inputs; about 15 s on two cores (the full drill: `python -m parallel_r1.testing.drills.fuzz`)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_drill_raises_nothing_and_keeps_every_value_in_range(report):
 
 
 def test_drill_calls_every_function_and_every_reward_once_per_input(report):
-    expected = [f"format.{f}{s}" for f in ("parse", "serialize", "stats") for s in ("", " [ids]")]
+    expected = [f"language.{f}{s}" for f in ("parse", "serialize", "stats") for s in ("", " [ids]")]
     expected += ["answers.extract_answer", "answers.extract_reference", "answers.is_correct"] + reward_names()
     assert sorted(report.functions) == sorted(expected)
     assert all(f.calls == CI_SIZE for f in report.functions.values())
@@ -82,7 +82,7 @@ def test_drill_reports_a_raised_exception_and_a_lossy_round_trip(monkeypatch, to
     report = run_fuzz(20, seed=0, tokenizer=tokenizer)
     problems = {(f.name, f.problem) for f in report.failures}
     assert ("answers.extract_reference", "raised ZeroDivisionError: division by zero") in problems
-    assert ("format.serialize", "serialize(parse(x)) != x") in problems
+    assert ("language.serialize", "serialize(parse(x)) != x") in problems
     assert report.exceptions == 20
 
 

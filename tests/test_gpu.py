@@ -21,7 +21,7 @@ from rollout_helpers import engine, prompts, trainer_logprobs
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.structure import IsolatedForward, TreeForward
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.tokens import tag_vocab
 
 pytestmark = pytest.mark.gpu
 DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")  # cpu: try the checks' logic on a machine without a GPU

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_helpers import engine, prompts
 
-from parallel_r1.format import TAGS, TagVocab, parse
-from parallel_r1.grammar import Grammar, masked_logps
+from parallel_r1.tags.grammar import Grammar, masked_logps
+from parallel_r1.tags.language import TAGS, TagVocab, parse
 
 P, PC, A, AC, S, SC = TAGS
 VOCAB = TagVocab(ids={P: 1, PC: 2, A: 3, AC: 4, S: 5, SC: 6}, blank_ids=frozenset({9}))

@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from parallel_r1.data import build_prompt
-from parallel_r1.format import TAGS, parse
-from parallel_r1.grammar import Grammar, masked_logps
 from parallel_r1.rewards import get_reward_funcs
 from parallel_r1.structure import isolated_inputs
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.grammar import Grammar, masked_logps
+from parallel_r1.tags.language import TAGS, parse
+from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -259,7 +259,7 @@ def test_in_training_evaluation_logs_eval_metrics_and_leaves_training_alone(tmp_
 
 
 def test_a_tokenizer_without_tags_is_refused(tmp_path, dataset):
-    from parallel_r1.tiny import build_model, build_tokenizer
+    from parallel_r1.testing.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer(with_tags=False)
     model = build_model(tokenizer)

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from test_drills_resume import Launch, complete, step_logs, weights_differ
 from transformers import AutoTokenizer
 
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer, check_zero3_generation
 
 TIMEOUT = 600  # seconds for one launch among three, the first ZeRO-3 one building DeepSpeed's op included

@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from parallel_r1.configs import grpo_parser, sft_parser
 from parallel_r1.data import PLAIN_CHAT_TEMPLATE, prompt_ids
-from parallel_r1.tiny import EOS, IM_START, build_tokenizer
-from parallel_r1.tokens import TAGS, tag_ids
+from parallel_r1.tags.tokens import TAGS, tag_ids
+from parallel_r1.testing.tiny import EOS, IM_START, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "Llama-3.2-3B"

@@ -13,8 +13,8 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from parallel_r1.format import canonical_block
 from parallel_r1.rewards import accuracy, accuracy_plus_parallel, accuracy_times_parallel, parallel_bonus
+from parallel_r1.tags.language import canonical_block
 
 ROW = {"prompt": "What is 6 + 12?", "answer": "18"}
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from transformers import TrainerState
 from trl.trainer.utils import get_callable_name
 
-from parallel_r1.format import TAGS, canonical_block
 from parallel_r1.rewards import REWARDS, get_reward_funcs
 from parallel_r1.rewards.diversity import MAX_PATH_CHARS, block_self_bleu
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.language import TAGS, canonical_block
+from parallel_r1.tags.tokens import tag_vocab
 
 GOLD = "18"
 SAME = "add the two numbers together"  # two equal paths: self-BLEU 1

@@ -4,9 +4,9 @@ import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
-from parallel_r1.format import PARALLEL_OPEN, parse
 from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Segment
 from parallel_r1.rollout.backend import finish_segment
+from parallel_r1.tags.language import PARALLEL_OPEN, parse
 
 
 @pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "fork"), ("causal", "sequential")])

@@ -5,9 +5,9 @@ import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 from servers import vllm_server
 
-from parallel_r1.format import parse
 from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling
 from parallel_r1.rollout.vllm_backend import VLLMBackend
+from parallel_r1.tags.language import parse
 
 pytestmark = pytest.mark.vllm
 

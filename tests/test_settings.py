@@ -1,5 +1,5 @@
-"""The rollout settings are declared once (`rollout.arguments`); every config that needs them inherits them or the
-variant derived from them, and old names are refused with the new one named."""
+"""The rollout, sampling and vLLM settings are declared once (`rollout.arguments`); every config that needs them
+inherits them or the variant derived from them, and old names are refused with the new one named."""
 
 import ast
 import dataclasses
@@ -10,17 +10,26 @@ from pathlib import Path
 import pytest
 from trl import GRPOConfig
 
+from parallel_r1.cold_start.config import ColdStartConfig
 from parallel_r1.configs import ParallelGRPOConfig, ParallelSFTConfig, grpo_parser
 from parallel_r1.evaluation.config import EvaluationConfig
+from parallel_r1.model_settings import read_settings
 from parallel_r1.rollout import ParallelArguments, RecordedRolloutArguments, RolloutArguments
-from parallel_r1.sampling import read_settings
+from parallel_r1.rollout.arguments import SamplingArguments, VLLMArguments
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [f.name for f in dataclasses.fields(RolloutArguments)]
+GROUPS = (RolloutArguments, SamplingArguments, VLLMArguments)
 OWNER = {
-    "attention": "parallel_r1/rollout/arguments.py:ParallelArguments",
-    "prompt_template": "parallel_r1/data/prompts.py:PromptArguments",
+    f.name: f"parallel_r1/rollout/arguments.py:{group.__name__}" for group in GROUPS for f in dataclasses.fields(group)
 }
+OWNER["attention"] = "parallel_r1/rollout/arguments.py:ParallelArguments"
+OWNER["prompt_template"] = "parallel_r1/data/arguments.py:PromptArguments"
+OWNER.update(
+    question_column="parallel_r1/data/arguments.py:ColumnArguments",
+    max_train_samples="parallel_r1/configs.py:DataArguments",
+)
+OWNER["answer_column"] = "parallel_r1/data/arguments.py:ColumnArguments"
 
 
 def declarations(name: str) -> list[str]:
@@ -38,15 +47,17 @@ def declarations(name: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", SETTINGS)
-def test_each_rollout_setting_is_declared_once(name):
-    assert declarations(name) == [OWNER.get(name, "parallel_r1/rollout/arguments.py:RolloutArguments")]
+@pytest.mark.parametrize("name", sorted(OWNER))
+def test_each_rollout_sampling_vllm_and_data_setting_is_declared_once(name):
+    assert declarations(name) == [OWNER[name]]
 
 
 def test_the_configs_inherit_the_settings_or_their_unset_variant():
     generate = runpy.run_path(str(ROOT / "scripts" / "generate.py"))["GenerateArguments"]
     assert issubclass(ParallelGRPOConfig, RolloutArguments) and issubclass(ParallelSFTConfig, ParallelArguments)
     assert issubclass(EvaluationConfig, RecordedRolloutArguments) and issubclass(generate, RecordedRolloutArguments)
+    assert all(issubclass(c, SamplingArguments) for c in (EvaluationConfig, ColdStartConfig, generate))
+    assert issubclass(EvaluationConfig, VLLMArguments) and issubclass(ColdStartConfig, VLLMArguments)
     unset = {f.name: f for f in dataclasses.fields(RecordedRolloutArguments)}
     assert list(unset) == SETTINGS and all(f.default is None for f in unset.values())
     assert "Unset: the model's recorded value, else 'isolated'." in unset["attention"].metadata["help"]
@@ -97,3 +108,11 @@ def test_a_model_that_recorded_an_old_name_is_read_under_the_new_one(tmp_path):
     assert read_settings(str(tmp_path)) == RolloutArguments(
         attention="causal", rollout_mode="sequential", max_completion_length=77
     )
+
+
+@pytest.mark.parametrize("values", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5)])
+def test_bad_sampling_is_refused_by_evaluation_and_the_cold_start(tmp_path, values):
+    with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
+        EvaluationConfig(output_dir=str(tmp_path), **values)
+    with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
+        ColdStartConfig(output_dir=str(tmp_path), model_name_or_path="teacher", **values)

@@ -16,9 +16,9 @@ from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_conf
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
 from parallel_r1.data import load_sft_traces
-from parallel_r1.format import TAGS, Block, parse
-from parallel_r1.tiny import build_model, build_tokenizer
-from parallel_r1.tokens import tag_ids
+from parallel_r1.tags.language import TAGS, Block, parse
+from parallel_r1.tags.tokens import tag_ids
+from parallel_r1.testing.tiny import build_model, build_tokenizer
 from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
 from parallel_r1.trainers.sft import IGNORE, completion_starts
 
@@ -273,7 +273,7 @@ ZERO3_PROGRAM = textwrap.dedent(
     import deepspeed, torch, torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations import HfDeepSpeedConfig
-    from parallel_r1.tokens import tag_ids
+    from parallel_r1.tags.tokens import tag_ids
     from parallel_r1.trainers.sft import ensure_parallel_tokens
 
     keep = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})

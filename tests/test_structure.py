@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from parallel_r1.format import TagVocab
 from parallel_r1.structure import check_attention_implementation, completion_layout, isolated_inputs
-from parallel_r1.tokens import tag_vocab
+from parallel_r1.tags.language import TagVocab
+from parallel_r1.tags.tokens import tag_vocab
 
 P, PC, A, AC, S, SC, X = "<Parallel>", "</Parallel>", "<Path>", "</Path>", "<Summary>", "</Summary>", "x"
 

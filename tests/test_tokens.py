@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from parallel_r1.format import TAGS, canonical_block
-from parallel_r1.tiny import build_model, build_tokenizer
-from parallel_r1.tokens import add_parallel_tokens, has_parallel_tokens, tag_ids
+from parallel_r1.tags.language import TAGS, canonical_block
+from parallel_r1.tags.tokens import add_parallel_tokens, has_parallel_tokens, tag_ids
+from parallel_r1.testing.tiny import build_model, build_tokenizer
 
 TEXT = "Start." + canonical_block(["a path", "another path"], "both") + "\nFinal Answer: 3"
 

@@ -4,8 +4,16 @@ import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
-from parallel_r1.format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, parse
 from parallel_r1.structure import TreeForward, tree_mask, tree_row
+from parallel_r1.tags.language import (
+    PARALLEL_CLOSE,
+    PARALLEL_OPEN,
+    PATH_CLOSE,
+    PATH_OPEN,
+    SUMMARY_CLOSE,
+    SUMMARY_OPEN,
+    parse,
+)
 
 
 def test_the_layout_copies_every_later_path_at_the_positions_it_was_sampled_at(tag_prone):
@@ -55,7 +63,7 @@ def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths,
 
 def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
     """As TRL batches: prompts left-padded, completions right-padded, one completion start for all rows."""
-    from parallel_r1.grammar import Grammar, GrammarForward
+    from parallel_r1.tags.grammar import Grammar, GrammarForward
 
     _, model, tokenizer, vocab = tag_prone
     rollouts = engine(tag_prone, attention="tree", num_paths=3, seed=3).generate(prompts(tokenizer))
@@ -168,7 +176,7 @@ def test_the_models_own_logit_processing_applies(tiny_tokenizer):
     forward is the model itself."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from parallel_r1.tokens import tag_vocab
+    from parallel_r1.tags.tokens import tag_vocab
 
     torch.manual_seed(0)
     config = Gemma2Config(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..data.prompts import PromptArguments
+from ..data.arguments import ColumnArguments, PromptArguments
+from ..rollout.arguments import SamplingArguments, VLLMArguments
 
 BACKENDS = ("transformers", "vllm", "openai", "function")
 
@@ -31,7 +32,10 @@ GENERATION_SETTINGS = (
 
 
 @dataclass(kw_only=True)
-class ColdStartConfig(PromptArguments):
+class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMArguments):
+    """The teacher, the problems (their columns: `ColumnArguments`), the sampling (`temperature`, `top_p`: `SamplingArguments`), the backend's options
+    (the offline vLLM engine's: `VLLMArguments`), the filters and the output."""
+
     output_dir: str = field(
         metadata={"help": "Folder of samples.jsonl (every answer), train.parquet, report.md/json/png and run.json."}
     )
@@ -48,16 +52,12 @@ class ColdStartConfig(PromptArguments):
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
     dataset_split: str = field(default="train", metadata={"help": "Split of the problems."})
-    question_column: str | None = field(default=None, metadata={"help": "Column of the problem, if not a known one."})
-    answer_column: str | None = field(default=None, metadata={"help": "Column of the answer, if not a known one."})
     max_problems: int | None = field(
         default=None, metadata={"help": "Only the first N problems (raise it later to extend a run in place)."}
     )
 
     # Sampling
     num_samples: int = field(default=1, metadata={"help": "Answers asked of the teacher per problem."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
     max_new_tokens: int = field(default=4096, metadata={"help": "Tokens the teacher may write per answer."})
     seed: int = field(
         default=0,
@@ -94,9 +94,6 @@ class ColdStartConfig(PromptArguments):
         default=1024, metadata={"help": "vllm: answers per generate call (each call's answers are saved at its end)."}
     )
     vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vllm: GPUs per model replica."})
-    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vllm: GPU memory share."})
-    vllm_max_model_length: int | None = field(default=None, metadata={"help": "vllm: context length."})
-    vllm_enforce_eager: bool = field(default=False, metadata={"help": "vllm: no CUDA graphs."})
 
     # Filters (docs/paper.md, the cold start: the paper kept well-formed answers ending with a Final Answer line
     # that fit 4096 tokens with the prompt)
@@ -157,7 +154,8 @@ class ColdStartConfig(PromptArguments):
     hub_private: bool = field(default=False, metadata={"help": "Make the pushed dataset private."})
 
     def __post_init__(self):
-        super().__post_init__()
+        PromptArguments.__post_init__(self)
+        SamplingArguments.__post_init__(self)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         for name in ("num_samples", "max_new_tokens", "concurrency", "chunk_size", "vllm_tensor_parallel_size"):
@@ -166,8 +164,6 @@ class ColdStartConfig(PromptArguments):
         for name in ("max_problems", "max_length", "max_traces_per_question"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {getattr(self, name)}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
         if self.near_duplicate_threshold is not None and not 0 < self.near_duplicate_threshold <= 1:
             raise ValueError(
                 f"near_duplicate_threshold must be in (0, 1] or None, got {self.near_duplicate_threshold}"

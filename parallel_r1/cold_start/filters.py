@@ -6,7 +6,7 @@ in sample order, the surviving traces are compared with the ones already kept. A
 rule it breaks, in the order of RULES; a switched-off rule rejects nothing.
 
     truncated        did not end on its own (finish reason not "stop")       require_finished
-    malformed        the tag parser reports an error (`format.parse`)        require_well_formed
+    malformed        the tag parser reports an error (`language.parse`)        require_well_formed
     no_final_answer  the last line is not `Final Answer: ...`                require_final_answer
     wrong_answer     the answer does not match the reference (`answers`)     require_correct
     no_block         no <Parallel> block                                     require_block
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..answers import is_correct
 from ..data import FINAL_ANSWER, build_prompt, final_answer
-from ..format import BLANK, PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, TAGS, parse, stats
+from ..tags.language import BLANK, PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, TAGS, parse, stats
 from .config import ColdStartConfig
 
 RULES = (

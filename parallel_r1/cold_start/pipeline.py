@@ -6,7 +6,7 @@ The output folder holds
 - `run.json`: the settings that decide the teacher's answers (`ColdStartConfig.generation_settings`); a run with
   other such settings in the same folder is refused;
 - `samples.jsonl`: every answer, one line keyed by (question_id, sample), appended and synced as it arrives
-  (`resume.AppendLog`). A restart reads it back, asks only for the keys it lacks (the transformers backend redraws
+  (`durable.AppendLog`). A restart reads it back, asks only for the keys it lacks (the transformers backend redraws
   a problem it has in part, and keeps the lines it has), and draws them with the seeds of the first run: on a
   deterministic backend (transformers on one machine) a run killed at any point and restarted gives the rows of an
   uninterrupted one; vLLM, which is not batch-invariant, gives rows drawn the same way, not always the same rows;
@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 from ..answers import extract_reference
 from ..cli import check_model_path
 from ..data import build_prompt, load_problems, problem_text
-from ..resume import AppendLog, check_settings, read_lines
-from ..tokens import add_parallel_tokens
+from ..durable import AppendLog, check_settings, read_lines
+from ..tags.tokens import add_parallel_tokens
 from .config import ColdStartConfig
 from .filters import judge, select
 from .report import build_report, plot_report, report_markdown

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from itertools import groupby
 
-from ..tokens import eos_ids
+from ..tags.tokens import eos_ids
 from .config import ColdStartConfig
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..format import parse, strip_tags
-from ..tokens import add_parallel_tokens, missing_tags
+from ..tags.language import parse, strip_tags
+from ..tags.tokens import add_parallel_tokens, missing_tags
 from . import DATA_DIR
 from .prompts import FINAL_ANSWER, PROMPT_MARKER, TEMPLATES, build_prompt, check_template
 

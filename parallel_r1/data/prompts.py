@@ -11,9 +11,7 @@ SFT, RL and evaluation all build their prompts here, so the model sees one promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..format import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN
+from ..tags.language import PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN
 
 FINAL_ANSWER = "Final Answer:"
 PROMPT_MARKER = "\n\nProblem:\n"  # between the instruction and the problem
@@ -45,19 +43,6 @@ def check_template(template: str) -> None:
     """Raise a ValueError naming the known templates if `template` is not one of them."""
     if template not in TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; known templates: {', '.join(TEMPLATES)}")
-
-
-@dataclass(kw_only=True)
-class PromptArguments:
-    """The template a model's prompts are built with: for its cold-start traces, its training and its sampling."""
-
-    prompt_template: str = field(
-        default="parallel",
-        metadata={"help": "Prompt template around each problem (data.TEMPLATES): parallel, plain or none."},
-    )
-
-    def __post_init__(self):
-        check_template(self.prompt_template)
 
 
 def build_prompt(problem: str, template: str = "parallel") -> list[dict]:

@@ -11,16 +11,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
-from ..rollout import RecordedRolloutArguments
-from ..rollout.arguments import check_set_fields
-from ..sampling import recorded_settings
+from ..model_settings import recorded_settings
+from ..rollout.arguments import RecordedRolloutArguments, SamplingArguments, VLLMArguments, check_set_fields
 
 BACKENDS = ("transformers", "vllm", "server")
 ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(RecordedRolloutArguments))
 
 
 @dataclass(kw_only=True)
-class EvaluationConfig(RecordedRolloutArguments):
+class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArguments):
     output_dir: str = field(metadata={"help": "Folder of results.json, table.md, completions.jsonl and shards/."})
     benchmarks: list[str] = field(
         default_factory=lambda: ["aime24@16", "aime25@16", "amc23@16", "math500@1"],
@@ -32,8 +31,6 @@ class EvaluationConfig(RecordedRolloutArguments):
     split: str = field(default="test", metadata={"help": "Split of every benchmark."})
     max_problems: int | None = field(default=None, metadata={"help": "Only the first N problems of each benchmark."})
     label: str | None = field(default=None, metadata={"help": "Name of the model in the table (default: its path)."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
     seed: int = field(
         default=0,
@@ -52,13 +49,11 @@ class EvaluationConfig(RecordedRolloutArguments):
         },
     )
     vllm_server_url: str = field(default="http://127.0.0.1:8000", metadata={"help": "Base URL of the server."})
-    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Offline vLLM: GPU memory share."})
-    vllm_max_model_length: int | None = field(default=None, metadata={"help": "Offline vLLM: context length."})
-    vllm_enforce_eager: bool = field(default=False, metadata={"help": "Offline vLLM: no CUDA graphs."})
 
     def __post_init__(self):
         """Checks what is set; `with_model_settings` checks the filled config again."""
         check_set_fields(self)
+        SamplingArguments.__post_init__(self)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.batch_size < 1 or (self.max_problems is not None and self.max_problems < 1):
@@ -67,7 +62,7 @@ class EvaluationConfig(RecordedRolloutArguments):
 
     def with_model_settings(self, model_path: str, revision: str | None = None) -> EvaluationConfig:
         """This config with each unset sampling field filled from what the model recorded
-        (`sampling.recorded_settings`; `RolloutArguments`' defaults for a model that recorded none), and checked again."""
+        (`model_settings.recorded_settings`; `RolloutArguments`' defaults for a model that recorded none), and checked again."""
         unset = [name for name in ROLLOUT_FIELDS if getattr(self, name) is None]
         if not unset:
             return self

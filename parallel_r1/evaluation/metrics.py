@@ -17,7 +17,7 @@ answer it gives, and its shape. For a benchmark of P problems with n samples eac
   difference of their per-problem accuracies c_i / n, and its standard error over problems. Pairing removes what
   the problems' difficulty adds to each model's own error, so it is the error to weigh a gap between two rows by.
 - Shape, over all completions of the benchmark: parallel ratio (share with at least one block and
-  well-formed, `format.Parsed.has_parallel`), format validity (share well-formed), blocks per completion,
+  well-formed, `language.Parsed.has_parallel`), format validity (share well-formed), blocks per completion,
   paths per block, mean relative position of `<Parallel>` (over all blocks, 0 = start, 1 = end), mean total
   tokens T, mean critical-path tokens D (the longest path of each block counted, the others not), and D/T
   (sum of D over sum of T).

@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from ..resume import read_lines
+from ..durable import read_lines
 from .report import shown_name
 
 CHECKPOINT = re.compile(r"(^|/)checkpoint-\d+/?$")

@@ -1,11 +1,11 @@
 """Completion records: one JSON line per sampled completion, written as they arrive and read back on resume.
 
 A record holds the problem (benchmark, index, id, text, reference), the sample index, the completion as text
-(tags included) and as token ids, its extracted answer and correctness, and its shape (`format.stats` of the
+(tags included) and as token ids, its extracted answer and correctness, and its shape (`language.stats` of the
 ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an evaluation is computed from
 these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
 
-Each process appends to its own shard (`shards/rank-<i>.jsonl`, a `resume.AppendLog`) after every batch; a
+Each process appends to its own shard (`shards/rank-<i>.jsonl`, a `durable.AppendLog`) after every batch; a
 line cut by a crash is dropped when the shard is read back. A record is keyed by (benchmark, problem_index, sample):
 a restarted evaluation skips the keys it already has.
 """
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from ..answers import extract_answer, extract_reference, is_correct
-from ..format import TagVocab, parse, stats
-from ..resume import AppendLog, read_lines
+from ..durable import AppendLog, read_lines
+from ..tags.language import TagVocab, parse, stats
 
 NO_TAGS = TagVocab(ids={})
 

@@ -23,10 +23,10 @@ from tqdm.auto import tqdm
 
 from ..cli import check_model_path
 from ..data import load_problems, prompt_ids
-from ..resume import check_settings
+from ..durable import check_settings
 from ..rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.vllm_backend import VLLMBackend
-from ..tokens import eos_ids, has_parallel_tokens, tag_vocab
+from ..tags.tokens import eos_ids, has_parallel_tokens, tag_vocab
 from ..versions import versions
 from . import records as rec
 from .config import EvaluationConfig

@@ -6,11 +6,11 @@ however it decodes. The text (TRL's decoding of the same ids) is read only for t
 structure when no ids are given (external text, a tokenizer without the tags).
 
 - `correct`: the final answer matches the reference (`answers.is_correct`, bounded in time).
-- `blocks` (P): the blocks the completion opens, well-formed or not; `well_formed` (F): `format.parse` finds
+- `blocks` (P): the blocks the completion opens, well-formed or not; `well_formed` (F): `language.parse` finds
   no error; `parallel`: P >= 1 and F (the paper's parallel-ratio event).
 - `self_bleu`: how alike the paths are (`diversity.self_bleu`, on the paths' decoded text).
 - `efficiency`: g = max((T - V) / T, 0) of a parallel completion, T its total length and V its critical path
-  (`format.stats`), 0 for any other. Units: tokens for an id parse, characters for a text parse.
+  (`language.stats`), 0 for any other. Units: tokens for an id parse, characters for a text parse.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..answers import is_correct
-from ..format import Parsed, TagVocab, parse, stats
+from ..tags.language import Parsed, TagVocab, parse, stats
 from .diversity import self_bleu
 
 

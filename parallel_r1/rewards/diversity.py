@@ -17,7 +17,7 @@ from itertools import combinations
 
 import sacrebleu
 
-from ..format import Parsed
+from ..tags.language import Parsed
 
 MAX_PATH_CHARS = 2000
 MAX_PATHS = 4

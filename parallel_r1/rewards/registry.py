@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 
-from ..tokens import has_parallel_tokens, tag_vocab
+from ..tags.tokens import has_parallel_tokens, tag_vocab
 from .schedules import alternating, switch
 from .variants import ALL, Reward
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..format import TagVocab
+from ..tags.language import TagVocab
 from .completion import Completion, completion_text
 
 logger = logging.getLogger(__name__)

@@ -1,11 +1,13 @@
 """The settings that decide how a parallel-thinking model is trained and sampled, each declared once here.
 
-- `ParallelArguments`: the prompt template (`data.PromptArguments`, which the cold start shares) and the attention
+- `ParallelArguments`: the prompt template (`data.arguments.PromptArguments`, which the cold start shares) and the attention
   variant (SFT's config inherits them);
 - `RolloutArguments`: those plus the rollout: mode, paths, block limit and token budgets (GRPO's config inherits
   them, the engine reads them, a trained model records them: `parallel_r1.sampling`);
 - `RecordedRolloutArguments`: the same fields, derived, each None until filled from what the model recorded
-  (evaluation's and generation's arguments inherit it).
+  (evaluation's and generation's arguments inherit it);
+- `SamplingArguments` and `VLLMArguments`: how tokens are drawn, and the offline vLLM engine's options, outside
+  training (evaluation, generation, the cold-start teacher).
 
 The defaults are the paper's (2 paths, 4 blocks, 3000-token budgets: docs/paper.md, "The settings"); they are also
 what a model that recorded nothing is sampled with. `max_completion_length` is TRL's name, and in GRPO's config
@@ -15,8 +17,9 @@ this declaration replaces TRL's.
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Literal, get_args, get_type_hints
 
-from ..data.prompts import PromptArguments, check_template
-from ..format import MIN_PATHS
+from ..data.arguments import PromptArguments
+from ..data.prompts import check_template
+from ..tags.language import MIN_PATHS
 
 Attention = Literal["isolated", "causal", "tree"]
 RolloutMode = Literal["fork", "sequential", "plain"]
@@ -74,6 +77,27 @@ class RolloutArguments(ParallelArguments):
         """These settings as `source` (any object with these attributes: a trainer config, a filled evaluation
         config) has them; an attribute it lacks keeps its default."""
         return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)})
+
+
+@dataclass(kw_only=True)
+class SamplingArguments:
+    """How tokens are drawn outside training: evaluation, generation and the cold-start teacher."""
+
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off)."})
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
+
+
+@dataclass(kw_only=True)
+class VLLMArguments:
+    """The offline vLLM engine's options (`backend: vllm`), shared by evaluation and the cold start."""
+
+    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Offline vLLM: GPU memory share."})
+    vllm_max_model_length: int | None = field(default=None, metadata={"help": "Offline vLLM: context length."})
+    vllm_enforce_eager: bool = field(default=False, metadata={"help": "Offline vLLM: no CUDA graphs."})
 
 
 def check_set_fields(args) -> None:

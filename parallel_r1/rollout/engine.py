@@ -16,7 +16,7 @@ causal "Seen" policy, exactly). Everything else is the same in
 both modes: the same inserted tokens, the same budgets, the same number of paths per block.
 
 Rules:
-- What may be sampled is the tag grammar's (`parallel_r1.grammar`), applied to every segment on every
+- What may be sampled is the tag grammar's (`parallel_r1.tags.grammar`), applied to every segment on every
   backend: after `max_blocks` blocks <Parallel> is banned (so the final answer is never cut by the block
   limit); inside a path or a summary only its closer may be sampled, and no EOS.
 - The completion never exceeds `max_completion_length`: a block that would overflow is cut there
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from ..format import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
-from ..grammar import Grammar
+from ..tags.grammar import Grammar
+from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from .arguments import ENGINE_MODES, RolloutArguments
 from .backend import Backend, Decoded, Segment
 

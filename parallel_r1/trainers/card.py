@@ -3,8 +3,8 @@
 TRL writes a card through `create_model_card` at every checkpoint save and on `push_to_hub`; `ModelCardMixin`
 replaces its generic card with this one, built with huggingface_hub's `ModelCard` and `ModelCardData`. It reads the
 run from the trainer: the base model (`config._name_or_path`), the stage, the attention variant, the tags' ids, the
-rollout settings recorded in the model's config (`sampling.record_settings`), GRPO's rewards, the main training
-arguments and the last logged metrics. `launch.train_and_save` tells it the recipe and the dataset, and writes the
+rollout settings recorded in the model's config (`model_settings.record_settings`), GRPO's rewards, the main training
+arguments and the last logged metrics. `training.train_and_save` tells it the recipe and the dataset, and writes the
 card once more after the final save.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from ..sampling import CONFIG_KEY
+from ..model_settings import CONFIG_KEY
 from ..versions import versions
 
 CARD_TAGS = ["parallel-r1", "parallel-thinking"]
@@ -104,8 +104,8 @@ class ModelCardMixin:
     """Put before TRL's trainer class: `create_model_card` writes the parallel-thinking card to
     output_dir/README.md (on the main process only), wherever TRL or transformers ask for a card."""
 
-    recipe: str | None = None  # the recipe file of the run, set by launch.train_and_save
-    dataset_name: str | None = None  # the training data, set by launch.train_and_save
+    recipe: str | None = None  # the recipe file of the run, set by training.train_and_save
+    dataset_name: str | None = None  # the training data, set by training.train_and_save
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None):
         if not self.is_world_process_zero():

@@ -32,12 +32,12 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
-from ..format import parse, stats
-from ..grammar import Grammar, GrammarForward
 from ..rollout import ForkJoinEngine, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
-from ..tokens import has_parallel_tokens, tag_ids, tag_vocab
+from ..tags.grammar import Grammar, GrammarForward
+from ..tags.language import parse, stats
+from ..tags.tokens import has_parallel_tokens, tag_ids, tag_vocab
 from .card import ModelCardMixin
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from trl import SFTTrainer
 
 from ..configs import ParallelSFTConfig
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
-from ..tokens import add_parallel_tokens, missing_tags, tag_vocab
+from ..tags.tokens import add_parallel_tokens, missing_tags, tag_vocab
 from .card import ModelCardMixin
 
 IGNORE = -100  # TRL's label for tokens out of the loss

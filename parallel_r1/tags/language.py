@@ -199,6 +199,13 @@ class _Parser:
         self.block: Block | None = None
         self.after_summary = False  # only whitespace since the last closed summary
         self.run_start = 0  # where the current run of non-tag units began
+        self.step = {  # the handler of each state
+            "main": self.in_main,
+            "block": self.in_block,
+            "path": self.in_path,
+            "after_block": self.in_after_block,
+            "summary": self.in_summary,
+        }
 
     def new(self) -> Content | list:
         """Empty content. An id parse grows lists, one token at a time (a tuple would be copied at each), and
@@ -217,7 +224,7 @@ class _Parser:
         for unit, tag in units:
             if trace is not None:
                 trace.append(self.state)
-            getattr(self, "in_" + self.state)(unit, tag)
+            self.step[self.state](unit, tag)
             self.pos += len(unit)
             if tag is not None:
                 self.run_start = self.pos

@@ -6,8 +6,8 @@ the six tags added through `tokens.add_parallel_tokens`) and a randomly initiali
 `Qwen3ForCausalLM` with head_dim 32 (vLLM's CPU attention refuses smaller heads) and a few spare
 embedding rows, like the real Qwen3 bases.
 
-    python -m parallel_r1.tiny outputs/tiny-qwen3                  # writes a model directory
-    python -m parallel_r1.tiny outputs/tiny-teacher --teacher      # a stand-in cold-start teacher
+    python -m parallel_r1.testing.tiny outputs/tiny-qwen3                  # writes a model directory
+    python -m parallel_r1.testing.tiny outputs/tiny-teacher --teacher      # a stand-in cold-start teacher
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from .data import DATA_DIR
-from .tokens import add_parallel_tokens, tag_ids
+from ..data import DATA_DIR
+from ..tags.tokens import add_parallel_tokens, tag_ids
 
 logger = logging.getLogger(__name__)
 
@@ -193,8 +193,8 @@ def save_tiny_teacher(output_dir: str | Path, num_problems: int = 3) -> Path:
     """A tiny model taught `teacher_trace` for the first `num_problems` GSM8K train problems (parallel prompt), and
     saved: the offline teacher of the cold-start tests and demo. On other problems it writes one of the traces it
     knows, so its answers there are well-formed and wrong."""
-    from .answers import extract_reference
-    from .data import load_problems
+    from ..answers import extract_reference
+    from ..data import load_problems
 
     output_dir = Path(output_dir)
     tokenizer = build_tokenizer()

@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from .format import TAGS, TagVocab, is_blank
+from .language import TAGS, TagVocab, is_blank
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def tag_ids(tokenizer) -> dict[str, int]:
         raise ValueError(
             "These tags are not single tokens in the tokenizer: "
             + ", ".join(bad)
-            + ". Add them with parallel_r1.tokens.add_parallel_tokens (or scripts/add_special_tokens.py)."
+            + ". Add them with parallel_r1.tags.tokens.add_parallel_tokens (or scripts/add_special_tokens.py)."
         )
     return ids
 

@@ -1,12 +1,12 @@
 """Fuzz drill: adversarial completions through the tag language, answer extraction and every reward.
 
-    python -m parallel_r1.drills.fuzz --n 100000 --seed 0 --out benchmarks/results/fuzz.md
+    python -m parallel_r1.testing.drills.fuzz --n 100000 --seed 0 --out benchmarks/results/fuzz.md
 
 Input i of seed s is `draw_case(s, i)`: a completion of a random kind (`KINDS`: tag soup, deep nesting, tags
 only, huge (50-200k characters), unterminated LaTeX, junk `Final Answer:` lines, unicode, blank, well-formed
 traces and cut ones) with a random reference cell. `run_fuzz` puts each through the rules the library states:
 
-- `format`: parse never raises and loses nothing, `serialize(parse(x)) == x` for the text and for its token
+- `language`: parse never raises and loses nothing, `serialize(parse(x)) == x` for the text and for its token
   ids; stats count every unit (`0 <= critical <= total == length`), blocks start in [0, 1), one paths count
   per block, `well_formed` and `has_parallel` agree with the errors; the text and id parses of the same
   completion report the same errors.
@@ -42,11 +42,11 @@ from types import SimpleNamespace
 
 from tqdm.auto import tqdm
 
-from ..answers import MAX_ANSWER_CHARS, extract_answer, extract_reference, is_correct
-from ..format import TAGS, canonical_block, parse, serialize, stats
-from ..rewards import REWARDS, Schedule, get_reward_funcs
+from ...answers import MAX_ANSWER_CHARS, extract_answer, extract_reference, is_correct
+from ...rewards import REWARDS, Schedule, get_reward_funcs
+from ...tags.language import TAGS, canonical_block, parse, serialize, stats
+from ...tags.tokens import tag_vocab
 from ..tiny import build_tokenizer
-from ..tokens import tag_vocab
 
 P, PC, A, AC, S, SC = TAGS
 HUGE_CHARS = (50_000, 200_000)
@@ -443,22 +443,22 @@ class _Drill:
         if by_text is not None and by_ids is not None and len(full) == len(ids):
             text_codes, id_codes = [e.code for e in by_text.errors], [e.code for e in by_ids.errors]
             if text_codes != id_codes:
-                self.fail("format.parse [ids]", f"id parse reports {id_codes}, text parse {text_codes}")
+                self.fail("language.parse [ids]", f"id parse reports {id_codes}, text parse {text_codes}")
         decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
         self.check_rewards(self.id_rewards, decoded, ids, on_ids=True)
 
     def check_format(self, content, on_ids: bool):
         """Parse, serialize and measure one completion (text, or ids); the parse, or None if it raised."""
         suffix, vocab = (" [ids]", self.vocab) if on_ids else ("", None)
-        ok, parsed = self.call("format.parse" + suffix, on_ids, parse, content, vocab)
+        ok, parsed = self.call("language.parse" + suffix, on_ids, parse, content, vocab)
         if not ok:
             return None
-        ok, back = self.call("format.serialize" + suffix, on_ids, serialize, parsed, vocab)
+        ok, back = self.call("language.serialize" + suffix, on_ids, serialize, parsed, vocab)
         if ok and back != (tuple(content) if on_ids else content):
-            self.fail("format.serialize" + suffix, "serialize(parse(x)) != x")
-        ok, shape = self.call("format.stats" + suffix, on_ids, stats, parsed)
+            self.fail("language.serialize" + suffix, "serialize(parse(x)) != x")
+        ok, shape = self.call("language.stats" + suffix, on_ids, stats, parsed)
         if ok:
-            self.fail("format.stats" + suffix, _stats_problem(parsed, shape, len(content)))
+            self.fail("language.stats" + suffix, _stats_problem(parsed, shape, len(content)))
         return parsed
 
     def check_answers(self, case: Case) -> None:
@@ -576,7 +576,7 @@ def to_markdown(report: FuzzReport, command: str) -> str:
         ]
         lines.append("|---|---|---|---|---|")
         lines += [f"| {f.name} | {f.index} | {f.kind} | {f.chars:,} | {f.problem} |" for f in report.failures]
-    lines += ["", f"Input i is `parallel_r1.drills.fuzz.draw_case({report.seed}, i)`."]
+    lines += ["", f"Input i is `parallel_r1.testing.drills.fuzz.draw_case({report.seed}, i)`."]
     return "\n".join(lines) + "\n"
 
 
@@ -588,7 +588,9 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fuzz.md"))
     args = parser.parse_args(argv)
     report = run_fuzz(args.n, args.seed, max_tokens=args.max_tokens, progress=True)
-    command = f"python -m parallel_r1.drills.fuzz --n {args.n} --seed {args.seed} --max-tokens {args.max_tokens}"
+    command = (
+        f"python -m parallel_r1.testing.drills.fuzz --n {args.n} --seed {args.seed} --max-tokens {args.max_tokens}"
+    )
     result = to_markdown(report, command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(result, encoding="utf-8")

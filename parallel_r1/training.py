@@ -11,8 +11,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .cli import check_model_path
+from .model_settings import record_settings, write_settings
 from .rollout import RolloutArguments
-from .sampling import record_settings, write_settings
 
 logger = logging.getLogger(__name__)
 

@@ -105,7 +105,7 @@ def teacher(messages: list, seed: int) -> str:
     in `1 / TEACHER_PLAIN`, otherwise a block of `NUM_PATHS` attempts voted on in the summary; each attempt slips
     (off by one to nine) with chance `TEACHER_SLIP`, and a trace now and then leaves `</Summary>` out. Seeded by
     the request."""
-    from ..data.loaders import problem_text
+    from ...data.loaders import problem_text
 
     problem = Problem.parse(problem_text(messages))
     rng = random.Random(seed)
@@ -176,8 +176,8 @@ def vote_report(evaluations: dict) -> str:
     """A table, per evaluated model (label -> evaluation folder): how many answers hold a block, how often one path
     of a block reaches the right result, how often the block's answer is right (the vote's gain is the difference),
     how often the paths of a block disagree, and how often the answers without a block are right."""
-    from ..format import parse
-    from ..resume import read_lines
+    from ...durable import read_lines
+    from ...tags.language import parse
 
     lines = [
         "| Model | Answers | With a block % | Path right % | Block answer right % | Vote gain (points) "

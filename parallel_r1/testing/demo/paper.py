@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..evaluation.metrics import paired_difference
+from ...evaluation.metrics import paired_difference
 
 # label -> (the model's folder under the demo's output, evaluated without the engine?, extra flags of the evaluation)
 PAPER_ROWS = {
@@ -160,7 +160,7 @@ def paper_table(results: dict, drifts: dict, records: dict) -> str:
 
 def plot_drift(curves: dict, path: Path) -> Path:
     """The block's relative position over training steps, one line per RL run that opened blocks."""
-    from ..evaluation.plots import _pyplot, _save
+    from ...evaluation.plots import _pyplot, _save
 
     plt = _pyplot()
     fig, axis = plt.subplots(figsize=(8, 4))

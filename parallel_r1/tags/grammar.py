@@ -1,6 +1,6 @@
 """Which tags may be sampled next: one rule, read from the completion's ids, for the sampler and the trainer.
 
-The rule depends only on where the completion is (the parser state of `format`, from its ids) and on how
+The rule depends only on where the completion is (the parser state of `language`, from its ids) and on how
 many blocks it has opened (`max_blocks`):
 
     main text         `<Parallel>` while fewer than `max_blocks` blocks were opened, no other tag; EOS allowed
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .format import PARALLEL_OPEN, PATH_CLOSE, SUMMARY_CLOSE, TagVocab, parser_states
+from .language import PARALLEL_OPEN, PATH_CLOSE, SUMMARY_CLOSE, TagVocab, parser_states
 
 
 @dataclass(frozen=True)

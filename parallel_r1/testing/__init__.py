@@ -1,0 +1,2 @@
+"""What tests, drills and the demo use and the method does not: a tiny Qwen3-style model and tokenizer built in
+seconds (`tiny`), the adversarial and fuzz drills (`drills`), and the demo's task and paper table (`demo`)."""
