@@ -20,6 +20,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
 from .cli import OneLineErrors, take_recipe
 from .cold_start.config import ColdStartConfig
 from .data.arguments import ColumnArguments
+from .docstrings import document_parameters
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import ParallelArguments, RolloutArguments
 from .rollout.arguments import renamed_setting
@@ -72,6 +73,7 @@ def refuse_renamed_settings(args: list[str], recipe: str | None) -> None:
 # --------------------------------------------------------------------------- stage 1: SFT
 
 
+@document_parameters
 @dataclass
 class ParallelSFTConfig(SFTConfig, ParallelArguments):
     """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`). Options that
@@ -101,11 +103,13 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments):
             )
 
 
+@document_parameters
 @dataclass
 class DataArguments(ScriptArguments, ColumnArguments):
-    """TRL's `ScriptArguments` (`dataset_name`, `dataset_config`, the splits), the columns (`ColumnArguments`, shared
-    with the cold start) and how many rows are kept; the data settings of SFT and GRPO. `dataset_name` is a shipped set (gsm8k, math500, aime24, aime25, amc23;
-    parallel_gsm8k_sample for SFT), a local .jsonl/.json/.parquet file or a Hub dataset id."""
+    """The data settings of SFT and GRPO: TRL's `ScriptArguments` (`dataset_name`, `dataset_config`, the splits),
+    the columns (`ColumnArguments`, shared with the cold start) and how many rows are kept. `dataset_name` is a
+    shipped set (gsm8k, math500, aime24, aime25, amc23; parallel_gsm8k_sample for SFT), a local .jsonl/.json/.parquet
+    file or a Hub dataset id."""
 
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N usable rows of the training split."}
@@ -118,6 +122,7 @@ class DataArguments(ScriptArguments, ColumnArguments):
             raise ValueError("dataset_streaming is not supported: every row is read and checked before training")
 
 
+@document_parameters
 @dataclass
 class SFTScriptArguments(DataArguments):
     """Where the cold-start traces come from and how they become prompt-completion rows (`data.load_sft_traces`)."""
@@ -140,6 +145,7 @@ def sft_parser() -> RecipeParser:
 # --------------------------------------------------------------------------- stage 2: RL
 
 
+@document_parameters
 @dataclass
 class ParallelGRPOConfig(RolloutArguments, GRPOConfig):
     """GRPOConfig plus the rollout settings (`rollout.RolloutArguments`, first in the bases so that their
@@ -247,6 +253,7 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig):
         return max(1, self.steps_per_generation * self.num_iterations // self.gradient_accumulation_steps)
 
 
+@document_parameters
 @dataclass
 class GRPOScriptArguments(DataArguments):
     """Where the problems come from (`data.load_problems`) and which rewards score them (`rewards`)."""

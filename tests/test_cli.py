@@ -150,6 +150,7 @@ def test_a_hub_that_never_answers_is_given_up_in_seconds(hub, monkeypatch):
     assert time.monotonic() - began < 5
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_prone_dir, tmp_path):
     import json
     import shutil

@@ -255,6 +255,7 @@ def test_a_restart_asks_nothing_new_and_other_settings_are_refused(teacher_dir, 
         generate_cold_start(tiny_run(teacher_dir, out, max_problems=2, num_samples=2, temperature=0.7))
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 def test_a_run_killed_mid_way_restarts_to_the_rows_of_an_uninterrupted_one(teacher_dir, tmp_path):
     same = dict(max_problems=24, num_samples=2, max_new_tokens=64)
     reference = tmp_path / "whole"
@@ -290,6 +291,7 @@ def test_a_run_killed_mid_way_restarts_to_the_rows_of_an_uninterrupted_one(teach
     assert samples_of(killed) == samples_of(reference)
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 def test_the_generated_set_trains_a_step_in_the_sft_script(teacher_dir, tmp_path):
     out = tmp_path / "run"
     generate_cold_start(tiny_run(teacher_dir, out))
@@ -331,6 +333,7 @@ def test_offline_vllm_answers_as_transformers_does(teacher_dir, tmp_path):
     assert rows_of(tmp_path / "vllm") == rows_of(tmp_path / "hf")
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 @pytest.mark.vllm
 def test_an_openai_compatible_server_answers_as_transformers_does(teacher_dir, tmp_path):
     with vllm_server(teacher_dir, "--served-model-name", "tiny-teacher", "--max-model-len", "1024") as url:

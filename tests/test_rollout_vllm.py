@@ -120,6 +120,7 @@ def server(tag_prone_dir):
         yield VLLMClient(base_url=url)
 
 
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 def test_server_mode_generates_the_same_rollouts(tag_prone, server):
     """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process (the
     grammar's bans go as allowed_token_ids, since the HTTP API clamps logit biases to -100)."""

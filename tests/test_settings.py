@@ -11,7 +11,14 @@ import pytest
 from trl import GRPOConfig
 
 from parallel_r1.cold_start.config import ColdStartConfig
-from parallel_r1.configs import ParallelGRPOConfig, ParallelSFTConfig, grpo_parser
+from parallel_r1.configs import (
+    DataArguments,
+    GRPOScriptArguments,
+    ParallelGRPOConfig,
+    ParallelSFTConfig,
+    SFTScriptArguments,
+    grpo_parser,
+)
 from parallel_r1.evaluation.config import EvaluationConfig
 from parallel_r1.model_settings import read_settings
 from parallel_r1.rollout import ParallelArguments, RecordedRolloutArguments, RolloutArguments
@@ -116,3 +123,19 @@ def test_bad_sampling_is_refused_by_evaluation_and_the_cold_start(tmp_path, valu
         EvaluationConfig(output_dir=str(tmp_path), **values)
     with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
         ColdStartConfig(output_dir=str(tmp_path), model_name_or_path="teacher", **values)
+
+
+SETTINGS_CLASSES = [
+    *(ParallelArguments, RolloutArguments, RecordedRolloutArguments, SamplingArguments, VLLMArguments),
+    *(ParallelGRPOConfig, EvaluationConfig, ColdStartConfig, DataArguments, GRPOScriptArguments, SFTScriptArguments),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS_CLASSES, ids=lambda c: c.__name__)
+def test_each_settings_class_documents_its_own_fields_with_type_default_and_help(settings):
+    own = settings.__dict__.get("__annotations__", {})
+    documented = [f for f in dataclasses.fields(settings) if f.name in own and "help" in f.metadata]
+    doc = " ".join(settings.__doc__.split())
+    assert documented and "Parameters:" in doc
+    for f in documented:
+        assert f"{f.name} (`" in doc and " ".join(f.metadata["help"].split())[:60] in doc, f.name

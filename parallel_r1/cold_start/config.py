@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..data.arguments import ColumnArguments, PromptArguments
+from ..docstrings import document_parameters
 from ..rollout.arguments import SamplingArguments, VLLMArguments
 
 BACKENDS = ("transformers", "vllm", "openai", "function")
@@ -31,6 +32,7 @@ GENERATION_SETTINGS = (
 )
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMArguments):
     """The teacher, the problems (their columns: `ColumnArguments`), the sampling (`temperature`, `top_p`: `SamplingArguments`), the backend's options

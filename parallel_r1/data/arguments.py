@@ -3,9 +3,11 @@ columns. (SFT and GRPO add TRL's dataset fields: `configs.DataArguments`.)"""
 
 from dataclasses import dataclass, field
 
+from ..docstrings import document_parameters
 from .prompts import check_template
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class PromptArguments:
     """The template a model's prompts are built with: for its cold-start traces, its training and its sampling."""
@@ -19,6 +21,7 @@ class PromptArguments:
         check_template(self.prompt_template)
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class ColumnArguments:
     """Which columns of a dataset hold the problem and the answer, where its layout is not a known one

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+from ..docstrings import document_parameters
 from ..model_settings import recorded_settings
 from ..rollout.arguments import RecordedRolloutArguments, SamplingArguments, VLLMArguments, check_set_fields
 
@@ -18,6 +19,7 @@ BACKENDS = ("transformers", "vllm", "server")
 ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(RecordedRolloutArguments))
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArguments):
     output_dir: str = field(metadata={"help": "Folder of results.json, table.md, completions.jsonl and shards/."})

@@ -19,6 +19,7 @@ from typing import Literal, get_args, get_type_hints
 
 from ..data.arguments import PromptArguments
 from ..data.prompts import check_template
+from ..docstrings import document_parameters
 from ..tags.language import MIN_PATHS
 
 Attention = Literal["isolated", "causal", "tree"]
@@ -32,6 +33,7 @@ RENAMED_KEYS = {"max_completion_tokens": "max_completion_length"}
 RENAMED_VALUES = {("rollout_mode", "trl"): "plain"}
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class ParallelArguments(PromptArguments):
     """What a model is trained with and sampled with again: its prompt template and attention variant."""
@@ -49,6 +51,7 @@ class ParallelArguments(PromptArguments):
         check_set_fields(self)
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class RolloutArguments(ParallelArguments):
     """How completions are sampled: with the fork-join engine (`fork`, `sequential`) or one plain decode."""
@@ -79,6 +82,7 @@ class RolloutArguments(ParallelArguments):
         return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)})
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class SamplingArguments:
     """How tokens are drawn outside training: evaluation, generation and the cold-start teacher."""
@@ -91,6 +95,7 @@ class SamplingArguments:
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class VLLMArguments:
     """The offline vLLM engine's options (`backend: vllm`), shared by evaluation and the cold start."""
@@ -150,7 +155,7 @@ def _unset_variant(cls: type) -> type:
     )
     variant.__module__ = __name__
     variant.__doc__ = f"`{cls.__name__}`, each field None (unset) until filled from what a model recorded."
-    return variant
+    return document_parameters(variant)
 
 
 RecordedRolloutArguments = _unset_variant(RolloutArguments)
