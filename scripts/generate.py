@@ -35,7 +35,6 @@ class GenerateArguments(RecordedRolloutArguments, SamplingArguments):
     prompt: list[str] = field(default_factory=list, metadata={"help": "Problems to answer: --prompt 'one' 'two'."})
     file: str | None = field(default=None, metadata={"help": "A .txt (one problem a line) or .jsonl file."})
     output: str | None = field(default=None, metadata={"help": "Write one JSON line a problem here."})
-    seed: int = field(default=0, metadata={"help": "Seed of the sampling."})
     batch_size: int = field(default=16, metadata={"help": "Problems sampled together (and written) at a time."})
 
 

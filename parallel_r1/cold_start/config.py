@@ -61,13 +61,6 @@ class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMA
     # Sampling
     num_samples: int = field(default=1, metadata={"help": "Answers asked of the teacher per problem."})
     max_new_tokens: int = field(default=4096, metadata={"help": "Tokens the teacher may write per answer."})
-    seed: int = field(
-        default=0,
-        metadata={
-            "help": "Seed of the run: each answer is drawn with a seed made from it, the problem id and the sample "
-            "index, so a restarted run draws the same answers (transformers: one seed per problem)."
-        },
-    )
 
     # Backend
     backend: str = field(

@@ -34,13 +34,6 @@ class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArgument
     max_problems: int | None = field(default=None, metadata={"help": "Only the first N problems of each benchmark."})
     label: str | None = field(default=None, metadata={"help": "Name of the model in the table (default: its path)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
-    seed: int = field(
-        default=0,
-        metadata={
-            "help": "Seed: of each batch on the transformers backend (with the batch's first item), of the offline "
-            "vLLM engine; a server samples with its own."
-        },
-    )
     batch_size: int = field(default=64, metadata={"help": "Completions per generation call (and per write)."})
     backend: str = field(
         default="transformers",

@@ -89,6 +89,15 @@ class SamplingArguments:
 
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1: off)."})
+    seed: int = field(
+        default=0,
+        metadata={
+            "help": "Seed of the sampling. Evaluation seeds each batch on the transformers backend (with the batch's "
+            "first item) and the offline vLLM engine (a server samples with its own). The cold start draws each "
+            "answer with a seed made from it, the problem id and the sample index, so a restarted run draws the "
+            "same answers (transformers: one seed per problem)."
+        },
+    )
 
     def __post_init__(self):
         if self.temperature < 0 or not 0 < self.top_p <= 1:
