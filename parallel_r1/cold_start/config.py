@@ -35,8 +35,8 @@ GENERATION_SETTINGS = (
 @document_parameters
 @dataclass(kw_only=True)
 class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMArguments):
-    """The teacher, the problems (their columns: `ColumnArguments`), the sampling (`temperature`, `top_p`: `SamplingArguments`), the backend's options
-    (the offline vLLM engine's: `VLLMArguments`), the filters and the output."""
+    """The teacher, the problems (their columns: `ColumnArguments`), the sampling (`SamplingArguments`), the
+    backend's options (the offline vLLM engine's: `VLLMArguments`), the filters and the output."""
 
     output_dir: str = field(
         metadata={"help": "Folder of samples.jsonl (every answer), train.parquet, report.md/json/png and run.json."}

@@ -296,10 +296,10 @@ def to_sft_traces(
 def drop_long_traces(dataset: Dataset, tokenizer, max_length: int, name: str = "dataset") -> Dataset:
     """The prompt-completion rows whose whole conversation, chat template applied, fits `max_length` tokens.
 
-    The official SFT drops the longer rows (docs/paper.md, the cold start); left in, TRL would cut them at `max_length`, and a cut
-    trace loses its end: the `Final Answer:` line and the end-of-turn token the model must learn to write. A
-    tokenizer without the tags counts as it will once the trainer adds them (on a copy: the trainer must still
-    find them missing, to give them embedding rows).
+    The official SFT drops the longer rows (docs/paper.md, the cold start); left in, TRL would cut them at
+    `max_length`, and a cut trace loses its end: the `Final Answer:` line and the end-of-turn token the model must
+    learn to write. A tokenizer without the tags counts as it will once the trainer adds them (on a copy: the
+    trainer must still find them missing, to give them embedding rows).
     """
     if missing_tags(tokenizer):
         tokenizer = copy.deepcopy(tokenizer)

@@ -57,7 +57,8 @@ class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArgument
 
     def with_model_settings(self, model_path: str, revision: str | None = None) -> EvaluationConfig:
         """This config with each unset sampling field filled from what the model recorded
-        (`model_settings.recorded_settings`; `RolloutArguments`' defaults for a model that recorded none), and checked again."""
+        (`model_settings.recorded_settings`; `RolloutArguments`' defaults for a model that recorded none), and
+        checked again."""
         unset = [name for name in ROLLOUT_FIELDS if getattr(self, name) is None]
         if not unset:
             return self

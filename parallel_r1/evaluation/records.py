@@ -2,8 +2,8 @@
 
 A record holds the problem (benchmark, index, id, text, reference), the sample index, the completion as text
 (tags included) and as token ids, its extracted answer and correctness, and its shape (`language.stats` of the
-ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an evaluation is computed from
-these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
+ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an
+evaluation is computed from these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
 
 Each process appends to its own shard (`shards/rank-<i>.jsonl`, a `durable.AppendLog`) after every batch; a
 line cut by a crash is dropped when the shard is read back. A record is keyed by (benchmark, problem_index, sample):

@@ -1,9 +1,9 @@
 """The settings that decide how a parallel-thinking model is trained and sampled, each declared once here.
 
-- `ParallelArguments`: the prompt template (`data.arguments.PromptArguments`, which the cold start shares) and the attention
-  variant (SFT's config inherits them);
+- `ParallelArguments`: the prompt template (`data.arguments.PromptArguments`, which the cold start shares) and the
+  attention variant (SFT's config inherits them);
 - `RolloutArguments`: those plus the rollout: mode, paths, block limit and token budgets (GRPO's config inherits
-  them, the engine reads them, a trained model records them: `parallel_r1.sampling`);
+  them, the engine reads them, a trained model records them: `parallel_r1.model_settings`);
 - `RecordedRolloutArguments`: the same fields, derived, each None until filled from what the model recorded
   (evaluation's and generation's arguments inherit it);
 - `SamplingArguments` and `VLLMArguments`: how tokens are drawn, and the offline vLLM engine's options, outside
