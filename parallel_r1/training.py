@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -138,3 +139,14 @@ def _plot_curves(output_dir: Path) -> None:
 
 def _load_kwargs(model_args, training_args) -> dict:
     return {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code}
+
+
+def release_process_group() -> None:
+    """End a script launched on several processes by destroying its process group. Left to the interpreter's exit,
+    gloo's worker threads can abort a process after its model is saved ("terminate called without an active
+    exception"), and the launcher then reports the whole run as failed. A single process keeps its group: an
+    in-process caller (a test, a notebook) may still use it."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -87,10 +87,11 @@ def cli() -> None:
 
     parser = grpo_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    from parallel_r1.training import setup_logging
+    from parallel_r1.training import release_process_group, setup_logging
 
     setup_logging(training_args)
     main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
+    release_process_group()
 
 
 if __name__ == "__main__":
