@@ -44,7 +44,7 @@ import yaml
 from bench_common import cpu_machine, use_vllm_cpu, vllm_cpu_settings, write_results
 from trl import ModelConfig
 
-from parallel_r1.data import load_problems, prompt_ids
+from parallel_r1.data import DataArguments, load_problems, prompt_ids
 from parallel_r1.durable import read_lines
 from parallel_r1.evaluation import EvaluationConfig, runner
 from parallel_r1.testing.tiny import save_tiny
@@ -78,9 +78,9 @@ class HarnessClock:
         harness_load, harness_write = runner.load_problems, runner.write_results
         sampler_init = runner._Sampler.__init__
 
-        def timed_load_problems(name, *args, **kwargs):
-            clock.marks.append((name, time.perf_counter()))
-            return harness_load(name, *args, **kwargs)
+        def timed_load_problems(data, *args, **kwargs):
+            clock.marks.append((data.dataset_name, time.perf_counter()))
+            return harness_load(data, *args, **kwargs)
 
         def timed_write_results(*args, **kwargs):
             clock.marks.append((None, time.perf_counter()))
@@ -92,7 +92,12 @@ class HarnessClock:
             clock.times["load"] = time.perf_counter() - start
             start = time.perf_counter()
             if clock.warmup:  # one batch of shipped GSM8K *train* problems: real prompt lengths, no test prompt
-                rows = load_problems("gsm8k", "train", template=config.prompt_template, limit=config.batch_size)
+                rows = load_problems(
+                    DataArguments(dataset_name="gsm8k"),
+                    "train",
+                    template=config.prompt_template,
+                    limit=config.batch_size,
+                )
                 sampler.sample([prompt_ids(sampler.tokenizer, row["prompt"]) for row in rows], seed=12345)
             clock.times["warmup"] = time.perf_counter() - start
 

@@ -61,13 +61,13 @@ def trace_rows(tokenizer, vocab, batch: int, length: int):
     """`batch` rows of exactly `length` tokens: a GSM8K chat prompt (at most length / 8 tokens, cut from the left),
     then shipped cold-start traces laid end to end from trace 41 * i on, the last one cut where the row is full.
     Returns the ids [B, L], each row's completion start and the blocks the completions hold."""
-    from parallel_r1.data import DATA_DIR, load_problems
+    from parallel_r1.data import DATA_DIR, DataArguments, load_problems
     from parallel_r1.tags.language import parse
 
     with open(DATA_DIR / "parallel_gsm8k_sample.jsonl", encoding="utf-8") as f:
         traces = [tokenizer.encode(json.loads(line)["response"] + "\n\n", add_special_tokens=False) for line in f]
     rows, starts, blocks = [], [], 0
-    for i, problem in enumerate(load_problems("gsm8k", "test", limit=batch)):
+    for i, problem in enumerate(load_problems(DataArguments(dataset_name="gsm8k"), "test", limit=batch)):
         prompt = tokenizer.apply_chat_template(
             problem["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
         )[-(length // 8) :]

@@ -37,7 +37,7 @@ from bench_common import cpu_machine, write_results
 from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from parallel_r1.data import load_problems
+from parallel_r1.data import DataArguments, load_problems
 from parallel_r1.tags.language import TAGS
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny import build_model, build_tokenizer, pin_logits
@@ -265,7 +265,7 @@ def main() -> None:
 
     tokenizer = build_tokenizer()
     prompts = (args.warmup + args.steps) * args.batch // args.generations
-    dataset = load_problems("gsm8k", "train", template="plain", limit=prompts)
+    dataset = load_problems(DataArguments(dataset_name="gsm8k"), "train", template="plain", limit=prompts)
     turns = Turns(args.trainers)
     with tempfile.TemporaryDirectory() as out:
         trainers, clocks = {}, {}

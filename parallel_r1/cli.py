@@ -110,26 +110,43 @@ def take_recipe(args: list[str]) -> tuple[list[str], str | None]:
     return rest, str(recipe)
 
 
-def named_model(args: list[str]) -> str | None:
-    """The model a command line names, read without the parse: the last `--model_name_or_path` (or
-    `--model-name-or-path`) flag, else its recipe's `model_name_or_path`; None when neither names one (the parse
-    decides then)."""
-    rest, recipe = take_recipe(args)
-    named = None
-    for arg, value in zip(rest, [*rest[1:], None]):
-        if arg in ("--model_name_or_path", "--model-name-or-path"):
-            named = value
-        elif arg.startswith(("--model_name_or_path=", "--model-name-or-path=")):
-            named = arg.split("=", 1)[1]
-    if named is not None or recipe is None:
-        return named
+def flag_values(args: list[str]) -> dict[str, str | None]:
+    """Each `--name value` or `--name=value` flag of a command line as name -> value, dashes in the name read as
+    underscores (argparse takes both spellings) and the last of repeated flags winning; a flag followed by another
+    flag, or by nothing, has the value that follows it (a flag) or None."""
+    values = {}
+    for arg, following in zip(args, [*args[1:], None]):
+        if arg.startswith("--"):
+            name, equals, value = arg[2:].partition("=")
+            values[name.replace("-", "_")] = value if equals else following
+    return values
+
+
+@cache
+def recipe_settings(recipe: str) -> dict:
+    """A recipe's settings (the YAML mapping), read once a process; a file that is not YAML, or not a mapping, is
+    refused in one line."""
     import yaml
 
     try:
-        config = yaml.safe_load(Path(recipe).read_text(encoding="utf-8"))
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return None  # the parse says what is wrong with the recipe
-    value = config.get("model_name_or_path") if isinstance(config, dict) else None
+        settings = yaml.safe_load(Path(recipe).read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"recipe {recipe} is not valid YAML: {' '.join(str(error).split())}") from None
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise ValueError(f"recipe {recipe} is not a mapping of setting names to values")
+    return settings
+
+
+def named_model(args: list[str]) -> str | None:
+    """The model a command line names, read without the parse: its last `--model_name_or_path` flag, else its
+    recipe's `model_name_or_path`; None when neither names one (the parse decides then)."""
+    rest, recipe = take_recipe(args)
+    flags = flag_values(rest)
+    if "model_name_or_path" in flags or recipe is None:
+        return flags.get("model_name_or_path")
+    value = recipe_settings(recipe).get("model_name_or_path")
     return value if isinstance(value, str) else None
 
 

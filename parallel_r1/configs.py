@@ -12,18 +12,17 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-from trl import GRPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
+from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
 
-from .cli import OneLineErrors, take_recipe
+from .cli import OneLineErrors, flag_values, recipe_settings, take_recipe
+from .cold_start.config import RENAMED_KEYS as COLD_START_RENAMED_KEYS
 from .cold_start.config import ColdStartConfig
-from .data.arguments import ColumnArguments
+from .data.arguments import DataArguments, SFTDataArguments
 from .docstrings import document_parameters
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import ParallelArguments, RolloutArguments
-from .rollout.arguments import renamed_setting
+from .rollout.arguments import RENAMED_KEYS, renamed_setting
 
 logger = logging.getLogger(__name__)
 
@@ -37,34 +36,26 @@ class RecipeParser(OneLineErrors, TrlParser):
     (`--config FILE` or `--config=FILE`) is kept in `recipe` for the model card. Its --help ends with `--config`,
     which TrlParser reads before parsing, so that it is not one of the parser's own arguments."""
 
-    def __init__(self, classes: tuple):
+    def __init__(self, classes: tuple, renamed_keys: dict[str, str] = RENAMED_KEYS):
         super().__init__(classes)
         self.epilog = "--config RECIPE.yaml   a recipe: its keys fill the fields above; flags given here win."
         self.recipe: str | None = None
+        self.renamed_keys = renamed_keys
 
     def parse_args_and_config(self, args=None, **kwargs):
         args, self.recipe = take_recipe(list(sys.argv[1:] if args is None else args))
-        refuse_renamed_settings(args, self.recipe)
+        refuse_renamed_settings(args, self.recipe, self.renamed_keys)
         if self.recipe is not None:
             args = ["--config", self.recipe, *args]
         return super().parse_args_and_config(args, **kwargs)
 
 
-def refuse_renamed_settings(args: list[str], recipe: str | None) -> None:
-    """A setting given under its old name or value, in the recipe or as a flag, is refused in one line that names
-    the new one (`rollout.arguments.RENAMED_KEYS`, `RENAMED_VALUES`)."""
-    flags = {}
-    for arg, following in zip(args, [*args[1:], None]):
-        if arg.startswith("--"):
-            name, equals, value = arg[2:].partition("=")
-            flags[name] = value if equals else following
-    problem = renamed_setting(flags)
+def refuse_renamed_settings(args: list[str], recipe: str | None, renamed_keys: dict[str, str] = RENAMED_KEYS) -> None:
+    """A setting given under its old name (`renamed_keys`: old -> new) or value (`RENAMED_VALUES`), in the recipe or
+    as a flag, is refused in one line that names the new one."""
+    problem = renamed_setting(flag_values(args), renamed_keys)
     if problem is None and recipe is not None:
-        try:
-            settings = yaml.safe_load(Path(recipe).read_text(encoding="utf-8"))
-        except yaml.YAMLError as error:
-            raise ValueError(f"recipe {recipe} is not valid YAML: {' '.join(str(error).split())}") from None
-        problem = renamed_setting(settings) if isinstance(settings, dict) else None
+        problem = renamed_setting(recipe_settings(recipe), renamed_keys)
         problem = problem and f"recipe {recipe}: {problem}"
     if problem:
         raise ValueError(problem)
@@ -103,42 +94,11 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments):
             )
 
 
-@document_parameters
-@dataclass
-class DataArguments(ScriptArguments, ColumnArguments):
-    """The data settings of SFT and GRPO: TRL's `ScriptArguments` (`dataset_name`, `dataset_config`, the splits),
-    the columns (`ColumnArguments`, shared with the cold start) and how many rows are kept. `dataset_name` is a
-    shipped set (gsm8k, math500, aime24, aime25, amc23; parallel_gsm8k_sample for SFT), a local .jsonl/.json/.parquet
-    file or a Hub dataset id."""
-
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N usable rows of the training split."}
-    )
-
-    def __post_init__(self):
-        if not self.dataset_name:
-            raise ValueError("dataset_name is required: a shipped set, a local .jsonl/.json/.parquet file or a Hub id")
-        if self.dataset_streaming:
-            raise ValueError("dataset_streaming is not supported: every row is read and checked before training")
-
-
-@document_parameters
-@dataclass
-class SFTScriptArguments(DataArguments):
-    """Where the cold-start traces come from and how they become prompt-completion rows (`data.load_sft_traces`)."""
-
-    response_column: str | None = field(default=None, metadata={"help": "Column of the trace, if not a known one."})
-    only_well_formed: bool = field(
-        default=True,
-        metadata={"help": "Drop traces that are malformed or lack a final 'Final Answer:' line (the paper's filter)."},
-    )
-
-
-SFT_ARGUMENTS = (SFTScriptArguments, ParallelSFTConfig, ModelConfig)
+SFT_ARGUMENTS = (SFTDataArguments, ParallelSFTConfig, ModelConfig)
 
 
 def sft_parser() -> RecipeParser:
-    """The parser of `scripts/sft.py`: (SFTScriptArguments, ParallelSFTConfig, ModelConfig)."""
+    """The parser of `scripts/sft.py`: (SFTDataArguments, ParallelSFTConfig, ModelConfig)."""
     return RecipeParser(SFT_ARGUMENTS)
 
 
@@ -294,4 +254,4 @@ def eval_parser() -> RecipeParser:
 
 def cold_start_parser() -> RecipeParser:
     """The parser of `scripts/generate_cold_start.py`: (ColdStartConfig,)."""
-    return RecipeParser((ColdStartConfig,))
+    return RecipeParser((ColdStartConfig,), COLD_START_RENAMED_KEYS)

@@ -47,7 +47,7 @@ PYTHON = [sys.executable]
 # A few steps per stage: the shape of the demo in a minute or two, for the test suite
 QUICK = {
     "base": ["--max_steps", "8", "--per_device_train_batch_size", "16", "--logging_steps", "4"],
-    "cold_start": ["--max_problems", "24"],
+    "cold_start": ["--max_train_samples", "24"],
     "sft": ["--max_steps", "4", "--per_device_train_batch_size", "8", "--logging_steps", "2"],
     "grpo": ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4"],
     "eval": ["--max_problems", "6"],

@@ -26,13 +26,7 @@ def load_split(script_args, training_args, tokenizer, split):
 
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
         dataset = load_problems(
-            script_args.dataset_name,
-            split,
-            config=script_args.dataset_config,
-            question_column=script_args.question_column,
-            answer_column=script_args.answer_column,
-            template=training_args.prompt_template,
-            limit=script_args.max_train_samples if split == script_args.dataset_train_split else None,
+            script_args, split, template=training_args.prompt_template, limit=script_args.row_limit(split)
         )
         if script_args.max_prompt_length is None:
             return dataset

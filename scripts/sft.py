@@ -22,15 +22,7 @@ def load_traces(script_args, training_args, tokenizer, split):
 
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
         traces = load_sft_traces(
-            script_args.dataset_name,
-            split,
-            config=script_args.dataset_config,
-            question_column=script_args.question_column,
-            response_column=script_args.response_column,
-            answer_column=script_args.answer_column,
-            template=training_args.prompt_template,
-            only_well_formed=script_args.only_well_formed,
-            limit=script_args.max_train_samples if split == script_args.dataset_train_split else None,
+            script_args, split, template=training_args.prompt_template, limit=script_args.row_limit(split)
         )
         if training_args.max_length is None:
             return traces
@@ -38,6 +30,8 @@ def load_traces(script_args, training_args, tokenizer, split):
 
 
 def main(script_args, training_args, model_args, recipe: str | None = None):
+    from dataclasses import replace
+
     from trl import get_peft_config
 
     from parallel_r1.rollout import RolloutArguments
@@ -59,8 +53,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
         peft_config=get_peft_config(model_args),
     )
     mode = "sequential" if training_args.attention == "causal" else "fork"  # the exact rollout of the variant
-    settings = RolloutArguments.from_fields(training_args)
-    settings.rollout_mode = mode
+    settings = replace(RolloutArguments.from_fields(training_args), rollout_mode=mode)
     train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
 
 

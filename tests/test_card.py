@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from parallel_r1.data import load_sft_traces
+from parallel_r1.data import SFTDataArguments, load_sft_traces
 from parallel_r1.rollout import RolloutArguments
 from parallel_r1.tags.tokens import tag_ids
 from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
@@ -118,7 +118,7 @@ def test_a_card_before_any_log_names_hub_models_and_datasets_in_its_metadata(tin
     model.config._name_or_path = "Qwen/Qwen3-4B-Base"  # as if loaded from the Hub
     args = ParallelSFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none",
                              max_length=600, dataset_num_proc=None)  # fmt: skip
-    trainer = ParallelSFTTrainer(model, args, train_dataset=load_sft_traces("parallel_gsm8k_sample").select(range(1)),
+    trainer = ParallelSFTTrainer(model, args, train_dataset=load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample")).select(range(1)),
                                  processing_class=AutoTokenizer.from_pretrained(tiny_dir))  # fmt: skip
     trainer.create_model_card(dataset_name="openai/gsm8k")
     card = ModelCard.load(tmp_path / "out" / "README.md")

@@ -57,7 +57,8 @@ def real_traces() -> list[dict]:
 
 
 def config(tmp_path=None, **overrides) -> ColdStartConfig:
-    values = {"output_dir": str(tmp_path or "unused"), "model_name_or_path": "teacher", **overrides}
+    values = {"output_dir": str(tmp_path or "unused"), "model_name_or_path": "teacher", "dataset_name": "gsm8k"}
+    values.update(overrides)
     return ColdStartConfig(**values)
 
 
@@ -189,6 +190,13 @@ def test_bad_settings_fail_at_once(overrides, message):
         config(**overrides)
 
 
+def test_run_json_keeps_the_split_under_the_name_earlier_runs_wrote():
+    """A folder started before the cold start took `DataArguments` resumes: its run.json says dataset_split."""
+    recorded = config(dataset_train_split="validation", max_train_samples=3).generation_settings()
+    assert recorded["dataset_split"] == "validation" and "dataset_train_split" not in recorded
+    assert "max_train_samples" not in recorded  # raising it extends a run in place
+
+
 # --------------------------------------------------------------------------- runs with the tiny teacher
 
 
@@ -199,8 +207,9 @@ def teacher_dir(tmp_path_factory):
 
 
 def tiny_run(teacher_dir, out, **overrides) -> ColdStartConfig:
-    values = dict(output_dir=str(out), model_name_or_path=str(teacher_dir), dtype="float32", max_problems=5,
-                  num_samples=3, max_new_tokens=80, student_tokenizer=str(teacher_dir), max_length=1024)  # fmt: skip
+    values = dict(output_dir=str(out), model_name_or_path=str(teacher_dir), dtype="float32", dataset_name="gsm8k",
+                  max_train_samples=5, num_samples=3, max_new_tokens=80, student_tokenizer=str(teacher_dir),
+                  max_length=1024)  # fmt: skip
     return ColdStartConfig(**{**values, **overrides})
 
 
@@ -241,30 +250,33 @@ def test_a_restart_asks_nothing_new_and_other_settings_are_refused(teacher_dir, 
     out = tmp_path / "run"
     (tmp_path / "not-a-model").mkdir()
     with pytest.raises((OSError, ValueError)):  # a mistyped teacher fails before any answer...
-        generate_cold_start(tiny_run(tmp_path / "not-a-model", out, max_problems=2, num_samples=2))
-    generate_cold_start(tiny_run(teacher_dir, out, max_problems=2, num_samples=2))  # ...and does not lock the folder
+        generate_cold_start(tiny_run(tmp_path / "not-a-model", out, max_train_samples=2, num_samples=2))
+    # ...and does not lock the folder
+    generate_cold_start(tiny_run(teacher_dir, out, max_train_samples=2, num_samples=2))
     before = (out / "samples.jsonl").read_bytes()
 
     def no_teacher(config):
         raise AssertionError("the teacher was asked again")
 
     monkeypatch.setattr(pipeline, "make_teacher", no_teacher)
-    report = generate_cold_start(tiny_run(teacher_dir, out, max_problems=2, num_samples=2, max_traces_per_question=1))
+    report = generate_cold_start(
+        tiny_run(teacher_dir, out, max_train_samples=2, num_samples=2, max_traces_per_question=1)
+    )
     assert (out / "samples.jsonl").read_bytes() == before and report["kept"] <= 2  # filters changed freely
     with pytest.raises(ValueError, match=r"other settings \(temperature\)"):
-        generate_cold_start(tiny_run(teacher_dir, out, max_problems=2, num_samples=2, temperature=0.7))
+        generate_cold_start(tiny_run(teacher_dir, out, max_train_samples=2, num_samples=2, temperature=0.7))
 
 
 @pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 def test_a_run_killed_mid_way_restarts_to_the_rows_of_an_uninterrupted_one(teacher_dir, tmp_path):
-    same = dict(max_problems=24, num_samples=2, max_new_tokens=64)
+    same = dict(max_train_samples=24, num_samples=2, max_new_tokens=64)
     reference = tmp_path / "whole"
     generate_cold_start(tiny_run(teacher_dir, reference, **same))
 
     killed = tmp_path / "killed"
     command = [sys.executable, "scripts/generate_cold_start.py", "--config", "recipes/tiny/cold_start.yaml",
                "--model_name_or_path", str(teacher_dir), "--student_tokenizer", str(teacher_dir),
-               "--output_dir", str(killed), "--max_problems", "24", "--num_samples", "2", "--max_new_tokens", "64",
+               "--output_dir", str(killed), "--max_train_samples", "24", "--num_samples", "2", "--max_new_tokens", "64",
                "--max_length", "1024"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -310,7 +322,7 @@ def test_the_generated_set_trains_a_step_in_the_sft_script(teacher_dir, tmp_path
 def test_a_server_that_is_not_there_fails_the_run_at_its_first_request(teacher_dir, tmp_path):
     port = free_port()  # nothing listens there
     run = tiny_run(teacher_dir, tmp_path / "run", backend="openai", base_url=f"http://127.0.0.1:{port}/v1",
-                   max_problems=2, num_samples=1, max_retries=1, request_timeout=5)  # fmt: skip
+                   max_train_samples=2, num_samples=1, max_retries=1, request_timeout=5)  # fmt: skip
     with pytest.raises(RuntimeError, match="did not answer a first request"):
         generate_cold_start(run)
     assert read_lines(tmp_path / "run" / "samples.jsonl") == []
@@ -320,7 +332,7 @@ def test_a_server_that_is_not_there_fails_the_run_at_its_first_request(teacher_d
 
 
 def greedy(teacher_dir, out, **overrides) -> dict:
-    generate_cold_start(tiny_run(teacher_dir, out, temperature=0.0, max_problems=4, num_samples=2, **overrides))
+    generate_cold_start(tiny_run(teacher_dir, out, temperature=0.0, max_train_samples=4, num_samples=2, **overrides))
     return {key: r["text"] for key, r in samples_of(out).items()}
 
 
@@ -357,7 +369,12 @@ def test_push_to_hub_uses_datasets_own_push_and_sends_the_report(teacher_dir, tm
         HfApi, "upload_file", lambda self, **kw: calls.append(("file", kw["path_in_repo"], kw["repo_id"]))
     )
     run = tiny_run(
-        teacher_dir, tmp_path / "run", max_problems=3, push_to_hub=True, hub_dataset_id="me/cold", hub_private=True
+        teacher_dir,
+        tmp_path / "run",
+        max_train_samples=3,
+        push_to_hub=True,
+        hub_dataset_id="me/cold",
+        hub_private=True,
     )
     generate_cold_start(run)
     assert calls[0] == ("dataset", "me/cold", len(rows_of(tmp_path / "run")), {"private": True})
@@ -365,13 +382,13 @@ def test_push_to_hub_uses_datasets_own_push_and_sends_the_report(teacher_dir, tm
 
 
 def test_answers_cut_by_the_token_budget_are_truncated(teacher_dir, tmp_path):
-    report = generate_cold_start(tiny_run(teacher_dir, tmp_path / "run", max_problems=2, max_new_tokens=8,
+    report = generate_cold_start(tiny_run(teacher_dir, tmp_path / "run", max_train_samples=2, max_new_tokens=8,
                                           require_finished=False, require_well_formed=False,
                                           require_final_answer=False, require_correct=False))  # fmt: skip
     assert {r["finish"] for r in read_lines(tmp_path / "run" / "samples.jsonl")} == {"length"}
     assert report["answer_rates"]["finished"] == 0.0
     with pytest.raises(ValueError, match="no answer passed the filters"):
-        generate_cold_start(tiny_run(teacher_dir, tmp_path / "run", max_problems=2, max_new_tokens=8))
+        generate_cold_start(tiny_run(teacher_dir, tmp_path / "run", max_train_samples=2, max_new_tokens=8))
     assert not (tmp_path / "run" / "train.parquet").exists()  # the earlier set is not left to contradict the report
     assert read_lines(tmp_path / "run" / "rejected.jsonl")[0]["reason"] == "truncated"
 
@@ -414,7 +431,7 @@ def test_refused_and_stalled_requests_are_retried(teacher_dir, tmp_path):
     server = FlakyServer()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        run = tiny_run(teacher_dir, tmp_path / "run", backend="openai", max_problems=2, num_samples=1,
+        run = tiny_run(teacher_dir, tmp_path / "run", backend="openai", max_train_samples=2, num_samples=1,
                        base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", concurrency=1,
                        request_timeout=1, max_retries=2)  # fmt: skip
         report = generate_cold_start(run)

@@ -16,6 +16,8 @@ from trl.data_utils import apply_chat_template, is_conversational
 from parallel_r1.data import (
     DATA_DIR,
     FINAL_ANSWER,
+    DataArguments,
+    SFTDataArguments,
     build_prompt,
     final_answer,
     load_problems,
@@ -90,8 +92,30 @@ def test_an_empty_problem_is_refused(problem):
 
 
 def test_package_import_stays_light():
-    code = "import sys, parallel_r1.data; assert 'datasets' not in sys.modules, 'datasets imported'"
+    code = (
+        "import sys, parallel_r1.data; assert not {'datasets', 'trl'} & set(sys.modules), 'datasets or trl imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_data_arguments_choose_the_source_columns_and_the_rows_kept(tmp_path):
+    rows = [{"q": f"What is {i} + 1?", "a": str(i + 1)} for i in range(5)]
+    data = DataArguments(
+        dataset_name=write_jsonl(tmp_path / "p.jsonl", rows),
+        question_column="q",
+        answer_column="a",
+        max_train_samples=2,
+    )
+    assert (data.row_limit("train"), data.row_limit("test")) == (2, None)
+    problems = load_problems(data, limit=data.row_limit("train"))
+    assert list(problems["answer"]) == ["1", "2"] and "What is 1 + 1?" in problems["prompt"][1][0]["content"]
+    for bad, message in [
+        ({}, "dataset_name is required"),
+        ({"dataset_name": "gsm8k", "dataset_streaming": True}, "dataset_streaming is not supported"),
+        ({"dataset_name": "gsm8k", "max_train_samples": 0}, "max_train_samples must be at least 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            DataArguments(**bad)
 
 
 # --------------------------------------------------------------------------- shipped problem sets
@@ -109,7 +133,7 @@ def test_package_import_stays_light():
     ],
 )
 def test_shipped_sets_load_every_row_with_their_problem_and_answer(name, split, file, rows, question):
-    data = load_problems(name, split)
+    data = load_problems(DataArguments(dataset_name=name), split)
     raw = read_jsonl(file)
     assert data.column_names == ["prompt", "answer", "id"]
     assert len(data) == len(raw) == rows
@@ -121,19 +145,19 @@ def test_shipped_sets_load_every_row_with_their_problem_and_answer(name, split, 
 
 
 def test_ids_come_from_the_dataset_when_it_has_them():
-    assert list(load_problems("aime25", "test")["id"][:2]) == ["2025-I-1", "2025-I-2"]
-    assert load_problems("aime24", "test")["id"][0] == "60"
-    assert load_problems("math500", "test")["id"][0] == "test/precalculus/807.json"
-    assert list(load_problems("gsm8k", "test", limit=3)["id"]) == ["0", "1", "2"]
+    assert list(load_problems(DataArguments(dataset_name="aime25"), "test")["id"][:2]) == ["2025-I-1", "2025-I-2"]
+    assert load_problems(DataArguments(dataset_name="aime24"), "test")["id"][0] == "60"
+    assert load_problems(DataArguments(dataset_name="math500"), "test")["id"][0] == "test/precalculus/807.json"
+    assert list(load_problems(DataArguments(dataset_name="gsm8k"), "test", limit=3)["id"]) == ["0", "1", "2"]
 
 
 def test_gsm8k_answer_is_kept_as_the_dataset_has_it():
-    answer = load_problems("gsm8k", "train", limit=1)["answer"][0]
+    answer = load_problems(DataArguments(dataset_name="gsm8k"), "train", limit=1)["answer"][0]
     assert answer.endswith("#### 72") and "<<48/2=24>>" in answer
 
 
 def test_plain_template_reaches_the_loaded_prompts():
-    data = load_problems("amc23", "test", template="plain", limit=4)
+    data = load_problems(DataArguments(dataset_name="amc23"), "test", template="plain", limit=4)
     assert all(strip_tags(user_text(row)) == user_text(row) for row in data)
 
 
@@ -146,17 +170,17 @@ def test_plain_template_reaches_the_loaded_prompts():
 )
 def test_bad_shipped_name_or_split_is_refused(source, split, message):
     with pytest.raises(ValueError, match=message):
-        load_problems(source, split)
+        load_problems(DataArguments(dataset_name=source), split)
 
 
 def test_limit_keeps_the_first_rows_and_rejects_nonsense():
-    assert list(load_problems("gsm8k", "test", limit=5)["answer"]) == [
+    assert list(load_problems(DataArguments(dataset_name="gsm8k"), "test", limit=5)["answer"]) == [
         r["answer"] for r in read_jsonl("gsm8k_test.jsonl")[:5]
     ]
-    assert len(load_problems("aime24", "test", limit=1000)) == 30
+    assert len(load_problems(DataArguments(dataset_name="aime24"), "test", limit=1000)) == 30
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="limit"):
-            load_problems("aime24", "test", limit=bad)
+            load_problems(DataArguments(dataset_name="aime24"), "test", limit=bad)
 
 
 # --------------------------------------------------------------------------- local files
@@ -164,14 +188,14 @@ def test_limit_keeps_the_first_rows_and_rejects_nonsense():
 
 def test_local_jsonl_in_the_gsm8k_layout(tmp_path):
     rows = [{"question": "Tom has 3 apples and eats one. How many are left?", "answer": "3 - 1 = 2\n#### 2"}]
-    data = load_problems(write_jsonl(tmp_path / "gsm.jsonl", rows))
+    data = load_problems(DataArguments(dataset_name=write_jsonl(tmp_path / "gsm.jsonl", rows)))
     assert data.to_list() == [{"prompt": build_prompt(rows[0]["question"]), "answer": rows[0]["answer"], "id": "0"}]
 
 
 def test_local_json_array(tmp_path):
     path = tmp_path / "probs.json"
     path.write_text(json.dumps([{"problem": "Find $x$ if $2x = 6$.", "answer": 3}]), encoding="utf-8")
-    data = load_problems(str(path))
+    data = load_problems(DataArguments(dataset_name=str(path)))
     assert list(data["answer"]) == ["3"] and user_text(data[0]).endswith("Find $x$ if $2x = 6$.")
 
 
@@ -180,7 +204,7 @@ def test_local_parquet_in_the_dapo_chat_layout_is_unwrapped_and_deduplicated(tmp
     raw = [dapo_row(p, a, f"uuid-{k}") for k, (p, a) in enumerate(problems)] * 3  # the raw file repeats rows
     path = tmp_path / "dapo.parquet"
     Dataset.from_list(raw).to_parquet(str(path))
-    data = load_problems(str(path))
+    data = load_problems(DataArguments(dataset_name=str(path)))
     assert list(data["answer"]) == ["11", "42"]
     assert list(data["id"]) == ["uuid-0", "uuid-1"]
     for row, (problem, _) in zip(data, problems):
@@ -195,20 +219,20 @@ def test_local_parquet_in_the_open_r1_processed_layout(tmp_path):
     ]
     path = tmp_path / "processed.parquet"
     Dataset.from_list(rows).to_parquet(str(path))
-    data = load_problems(str(path))
+    data = load_problems(DataArguments(dataset_name=str(path)))
     assert list(data["answer"]) == ["9", "81"]
     assert user_text(data[1]) == build_prompt("What is $3^4$?")[0]["content"]
 
 
 def test_missing_empty_or_unsupported_files_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
-        load_problems(str(tmp_path / "nowhere.jsonl"))
+        load_problems(DataArguments(dataset_name=str(tmp_path / "nowhere.jsonl")))
     (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
     with pytest.raises(ValueError, match="empty.jsonl has no rows"):
-        load_problems(str(tmp_path / "empty.jsonl"))
+        load_problems(DataArguments(dataset_name=str(tmp_path / "empty.jsonl")))
     (tmp_path / "rows.csv").write_text("question,answer\n1+1?,2\n", encoding="utf-8")
     with pytest.raises(ValueError, match="unsupported data file type '.csv'"):
-        load_problems(str(tmp_path / "rows.csv"))
+        load_problems(DataArguments(dataset_name=str(tmp_path / "rows.csv")))
 
 
 # --------------------------------------------------------------------------- mapping (shared with the Hub path)
@@ -271,7 +295,7 @@ def test_a_missing_column_is_named_with_the_columns_present(rows, options, messa
 def test_missing_column_fails_at_load_from_a_file(tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", [{"question": "1+1?", "gold": "2"}])
     with pytest.raises(ValueError, match="no answer column.*gold"):
-        load_problems(path)
+        load_problems(DataArguments(dataset_name=path))
 
 
 def test_an_empty_dataset_is_refused():
@@ -338,7 +362,7 @@ def test_sft_loader_drops_exactly_the_malformed_traces_of_the_sample(caplog):
     malformed = {str(r["index"]) for r in SAMPLE if not parse(r["response"]).well_formed}
     assert malformed == {"127", "178", "475"}  # the sample's three broken traces (see the data README)
     with caplog.at_level(logging.INFO, logger="parallel_r1.data.loaders"):
-        data = load_sft_traces("parallel_gsm8k_sample")
+        data = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"))
     assert len(SAMPLE) == 341 and len(data) == 338
     assert set(data["id"]) == {str(r["index"]) for r in SAMPLE} - malformed
     assert "dropped 3 (missing_summary: 1, text_between_paths: 1, unclosed_summary: 1)" in caplog.text
@@ -346,15 +370,17 @@ def test_sft_loader_drops_exactly_the_malformed_traces_of_the_sample(caplog):
 
 def test_sft_loader_keeps_well_formed_traces_without_a_block():
     no_block = {str(r["index"]) for r in SAMPLE if not parse(r["response"]).blocks}
-    assert len(no_block) == 3 and no_block <= set(load_sft_traces("parallel_gsm8k_sample")["id"])
+    assert len(no_block) == 3 and no_block <= set(
+        load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"))["id"]
+    )
 
 
 def test_sft_loader_keeps_everything_when_asked():
-    assert len(load_sft_traces("parallel_gsm8k_sample", only_well_formed=False)) == 341
+    assert len(load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample", only_well_formed=False))) == 341
 
 
 def test_sft_rows_are_trl_prompt_completion_with_the_rl_prompt():
-    data = load_sft_traces("parallel_gsm8k_sample", limit=4)
+    data = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"), limit=4)
     assert data.column_names == ["prompt", "completion", "answer", "id"] and len(data) == 4
     for row, raw in zip(data, SAMPLE):
         assert is_conversational(row)
@@ -364,7 +390,7 @@ def test_sft_rows_are_trl_prompt_completion_with_the_rl_prompt():
 
 
 def test_sft_rows_render_through_trl_chat_template_with_tags_as_single_tokens(tiny_tokenizer):
-    row = load_sft_traces("parallel_gsm8k_sample", limit=1)[0]
+    row = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"), limit=1)[0]
     rendered = apply_chat_template(row, tiny_tokenizer)
     assert rendered["prompt"].endswith("<|im_start|>assistant\n")
     assert rendered["completion"].startswith(row["completion"][0]["content"])
@@ -490,7 +516,7 @@ def test_final_answer_reads_the_last_line(reasoning, answer):
 def test_traces_longer_than_max_length_are_dropped_not_cut(tiny_tokenizer):
     from parallel_r1.data import drop_long_traces
 
-    traces = load_sft_traces("parallel_gsm8k_sample", limit=20)
+    traces = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"), limit=20)
     lengths = [
         len(tiny_tokenizer.apply_chat_template(r["prompt"] + r["completion"], return_dict=False)) for r in traces
     ]

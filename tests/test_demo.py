@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from parallel_r1.answers import extract_answer, is_correct
 from parallel_r1.cold_start import ColdStartConfig, generate_cold_start
-from parallel_r1.data import build_prompt, load_problems
+from parallel_r1.data import DataArguments, build_prompt, load_problems
 from parallel_r1.data.loaders import final_answer, problem_text
 from parallel_r1.tags.language import parse
 from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
@@ -106,7 +106,7 @@ def test_the_splits_hold_out_hard_problems_that_no_training_file_has(tmp_path):
     held_out = {r["question"] for r in rows["test"]}
     assert not held_out & {r["prompt"][0]["content"] for r in rows["pretrain"]}
     # the loaders read the problem files as they read GSM8K, with the answers checked by the project's answer code
-    loaded = load_problems(str(files["test"]), template="none")
+    loaded = load_problems(DataArguments(dataset_name=str(files["test"])), template="none")
     assert loaded[0]["prompt"] == [{"role": "user", "content": rows["test"][0]["question"]}]
     assert is_correct(Problem.parse(rows["test"][0]["question"]).plain_solution(), loaded[0]["answer"])
 
@@ -150,7 +150,7 @@ def function_teacher_run(tmp_path, function: str, max_problems: int) -> ColdStar
         backend="function",
         dataset_name=str(files["cold_start"]),
         prompt_template="none",
-        max_problems=max_problems,
+        max_train_samples=max_problems,
     )
 
 
@@ -191,7 +191,9 @@ def test_a_function_teacher_that_fails_some_requests_fails_them_alone(tmp_path):
 def test_a_function_teacher_that_cannot_be_loaded_is_named(tmp_path, name, message):
     from parallel_r1.cold_start.teachers import make_teacher
 
-    config = ColdStartConfig(output_dir=str(tmp_path), model_name_or_path=name, backend="function")
+    config = ColdStartConfig(
+        output_dir=str(tmp_path), model_name_or_path=name, backend="function", dataset_name="gsm8k"
+    )
     with pytest.raises(ValueError, match=message):
         make_teacher(config)
 

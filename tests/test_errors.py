@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from parallel_r1.cli import named_model
+from parallel_r1.cli import flag_values, named_model, recipe_settings
+from parallel_r1.configs import refuse_renamed_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SFT, GRPO = ROOT / "recipes/tiny/sft.yaml", ROOT / "recipes/tiny/grpo.yaml"
@@ -28,6 +29,8 @@ def inputs(tmp_path_factory, tag_prone_dir):
     (folder / "old_key.yaml").write_text(
         f"model_name_or_path: {tag_prone_dir}\noutput_dir: out\nmax_completion_tokens: 5\n"
     )
+    (folder / "old_cold_start.yaml").write_text("output_dir: out\nmodel_name_or_path: t\ndataset_split: train\n")
+    (folder / "list.yaml").write_text("- output_dir\n")
     (folder / "columns.jsonl").write_text('{"q": "What is 2+2?", "a": "4"}\n')
     tokenizer = build_tokenizer(with_tags=False)
     build_model(tokenizer).save_pretrained(folder / "no_tags")
@@ -72,6 +75,12 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
                       "--benchmarks", "gsm8k"], "error: benchmark 'gsm8k' must be written name@k"),
         ("generate_cold_start", ["--config", str(ROOT / "recipes/tiny/cold_start.yaml"), "--teacher", "x"],
          "error: Some specified arguments are not used by the HfArgumentParser"),
+        ("generate_cold_start", ["--config", str(ROOT / "recipes/tiny/cold_start.yaml"), "--max_problems", "3"],
+         "error: max_problems is now called max_train_samples"),
+        ("generate_cold_start", ["--config", str(folder / "old_cold_start.yaml")],
+         f"error: recipe {folder / 'old_cold_start.yaml'}: dataset_split is now called dataset_train_split"),
+        ("generate_cold_start", ["--config", str(folder / "list.yaml")],
+         f"error: recipe {folder / 'list.yaml'} is not a mapping of setting names to values"),
     ]  # fmt: skip
 
 
@@ -117,6 +126,20 @@ def test_the_model_a_command_line_names():
     assert named_model(["--config", str(GRPO), "--model_name_or_path", "a/b"]) == "a/b"  # the flag wins
     assert named_model(["--model_name_or_path", "a/b", "--model-name-or-path=c/d"]) == "c/d"  # the last flag
     assert named_model(["--output_dir", "x"]) is None and named_model(["--model_name_or_path"]) is None
+
+
+def test_flags_are_read_in_both_spellings_and_the_last_one_wins():
+    assert flag_values(["--a", "1", "--b-c=2", "pos", "--a", "3", "--d"]) == {"a": "3", "b_c": "2", "d": None}
+    assert flag_values(["--a", "--b", "x"]) == {"a": "--b", "b": "x"}  # what follows a flag, as argparse would try
+
+
+def test_a_recipe_is_read_once_before_the_parse(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model_name_or_path: a/b\n")
+    before = recipe_settings.cache_info().misses
+    assert named_model(["--config", str(recipe)]) == "a/b"
+    refuse_renamed_settings([], str(recipe))
+    assert recipe_settings.cache_info().misses == before + 1
 
 
 @pytest.mark.parametrize(

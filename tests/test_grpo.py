@@ -404,11 +404,14 @@ def test_max_prompt_length_drops_exactly_the_longer_templated_prompts(tiny_dir, 
     import runpy
 
     from parallel_r1.configs import grpo_parser
-    from parallel_r1.data import load_problems, prompt_ids
+    from parallel_r1.data import DataArguments, load_problems, prompt_ids
 
     root = Path(__file__).resolve().parents[1]
     load_split = runpy.run_path(str(root / "scripts" / "grpo.py"))["load_split"]
-    lengths = [len(prompt_ids(tiny_tokenizer, row["prompt"])) for row in load_problems("gsm8k", limit=8)]
+    lengths = [
+        len(prompt_ids(tiny_tokenizer, row["prompt"]))
+        for row in load_problems(DataArguments(dataset_name="gsm8k"), limit=8)
+    ]
     limit = sorted(lengths)[4]
     flags = ["--config", "recipes/tiny/grpo.yaml", "--max_train_samples", "8", "--max_prompt_length", str(limit)]
     script_args, training_args, _ = grpo_parser().parse_args_and_config(flags)

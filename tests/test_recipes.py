@@ -11,7 +11,7 @@ from trl import ModelConfig, get_peft_config
 from parallel_r1.cold_start import ColdStartConfig
 from parallel_r1.configs import (
     GRPOScriptArguments,
-    SFTScriptArguments,
+    SFTDataArguments,
     cold_start_parser,
     eval_parser,
     grpo_parser,
@@ -35,7 +35,7 @@ STAGES = {
         grpo_parser,
     ),
 }
-CLASSES = {"sft": (SFTScriptArguments, ParallelSFTConfig), "grpo": (GRPOScriptArguments, ParallelGRPOConfig)}
+CLASSES = {"sft": (SFTDataArguments, ParallelSFTConfig), "grpo": (GRPOScriptArguments, ParallelGRPOConfig)}
 ALL = [(stage, path) for stage, (paths, _) in STAGES.items() for path in paths]
 PAPER_SFT = sorted((RECIPES / "Qwen3-4B-Base" / "sft").glob("*.yaml"))
 PAPER_GRPO = sorted((RECIPES / "Qwen3-4B-Base" / "grpo").glob("*.yaml"))
@@ -112,7 +112,7 @@ def test_tiny_recipe_runs_offline_on_cpu():
     assert yaml.safe_load((RECIPES / "tiny" / "sft.yaml").read_text())["use_cpu"] is True
     assert not args.bf16 and args.attention == "isolated"
     assert model_args.model_name_or_path == "outputs/tiny-qwen3" and args.output_dir == "outputs/tiny-sft"
-    assert len(load_sft_traces(script_args.dataset_name, limit=3)) == 3  # shipped data, no Hub
+    assert len(load_sft_traces(script_args, limit=3)) == 3  # shipped data, no Hub
 
 
 def test_command_line_overrides_the_recipe():
@@ -245,7 +245,7 @@ def test_the_papers_teacher_recipe_is_the_papers_pipeline():
     path = RECIPES / "DeepSeek-R1-0528-Qwen3-8B" / "cold_start" / "gsm8k.yaml"
     (config,) = cold_start_parser().parse_args_and_config(["--config", str(path)])
     assert config.model_name_or_path == "deepseek-ai/DeepSeek-R1-0528-Qwen3-8B"  # docs/paper.md, the cold start
-    assert (config.dataset_name, config.dataset_split, config.num_samples) == ("gsm8k", "train", 1)
+    assert (config.dataset_name, config.dataset_train_split, config.num_samples) == ("gsm8k", "train", 1)
     assert (config.student_tokenizer, config.max_length, config.prompt_template) == (
         "Qwen/Qwen3-4B-Base", 4096, "parallel")  # fmt: skip
     assert config.require_well_formed and config.require_final_answer and config.drop_reasoning

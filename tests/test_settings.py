@@ -11,14 +11,8 @@ import pytest
 from trl import GRPOConfig
 
 from parallel_r1.cold_start.config import ColdStartConfig
-from parallel_r1.configs import (
-    DataArguments,
-    GRPOScriptArguments,
-    ParallelGRPOConfig,
-    ParallelSFTConfig,
-    SFTScriptArguments,
-    grpo_parser,
-)
+from parallel_r1.configs import GRPOScriptArguments, ParallelGRPOConfig, ParallelSFTConfig, grpo_parser
+from parallel_r1.data import DataArguments, SFTDataArguments
 from parallel_r1.evaluation.config import EvaluationConfig
 from parallel_r1.model_settings import read_settings
 from parallel_r1.rollout import ParallelArguments, RecordedRolloutArguments, RolloutArguments
@@ -34,7 +28,7 @@ OWNER["attention"] = "parallel_r1/rollout/arguments.py:ParallelArguments"
 OWNER["prompt_template"] = "parallel_r1/data/arguments.py:PromptArguments"
 OWNER.update(
     question_column="parallel_r1/data/arguments.py:ColumnArguments",
-    max_train_samples="parallel_r1/configs.py:DataArguments",
+    max_train_samples="parallel_r1/data/arguments.py:DataArguments",
 )
 OWNER["answer_column"] = "parallel_r1/data/arguments.py:ColumnArguments"
 
@@ -57,6 +51,14 @@ def declarations(name: str) -> list[str]:
 @pytest.mark.parametrize("name", sorted(OWNER))
 def test_each_rollout_sampling_vllm_and_data_setting_is_declared_once(name):
     assert declarations(name) == [OWNER[name]]
+
+
+@pytest.mark.parametrize("name", ["dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split"])
+def test_the_dataset_fields_are_trls_own(name):
+    """SFT, GRPO and the cold start take them from `trl.ScriptArguments` (through `DataArguments`)."""
+    assert declarations(name) == []
+    for config in (SFTDataArguments, GRPOScriptArguments, ColdStartConfig):
+        assert name in {f.name for f in dataclasses.fields(config)} and issubclass(config, DataArguments)
 
 
 def test_the_configs_inherit_the_settings_or_their_unset_variant():
@@ -122,12 +124,12 @@ def test_bad_sampling_is_refused_by_evaluation_and_the_cold_start(tmp_path, valu
     with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
         EvaluationConfig(output_dir=str(tmp_path), **values)
     with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
-        ColdStartConfig(output_dir=str(tmp_path), model_name_or_path="teacher", **values)
+        ColdStartConfig(output_dir=str(tmp_path), model_name_or_path="teacher", dataset_name="gsm8k", **values)
 
 
 SETTINGS_CLASSES = [
     *(ParallelArguments, RolloutArguments, RecordedRolloutArguments, SamplingArguments, VLLMArguments),
-    *(ParallelGRPOConfig, EvaluationConfig, ColdStartConfig, DataArguments, GRPOScriptArguments, SFTScriptArguments),
+    *(ParallelGRPOConfig, EvaluationConfig, ColdStartConfig, DataArguments, GRPOScriptArguments, SFTDataArguments),
 ]
 
 

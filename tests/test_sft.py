@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from parallel_r1.data import load_sft_traces
+from parallel_r1.data import SFTDataArguments, load_sft_traces
 from parallel_r1.tags.language import TAGS, Block, parse
 from parallel_r1.tags.tokens import tag_ids
 from parallel_r1.testing.tiny import build_model, build_tokenizer
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def traces():
-    return load_sft_traces("parallel_gsm8k_sample")
+    return load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"))
 
 
 def settings(tmp_path) -> dict:

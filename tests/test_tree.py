@@ -127,14 +127,14 @@ def test_sft_trains_the_tree_policy(tiny_dir, tmp_path):
     completion tokens under the tree forward, and a step runs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from parallel_r1.data import load_sft_traces
+    from parallel_r1.data import SFTDataArguments, load_sft_traces
     from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype="float32")
     args = ParallelSFTConfig(output_dir=str(tmp_path), attention="tree", per_device_train_batch_size=2, max_steps=1,
                              max_length=1400, report_to=[], use_cpu=True, bf16=False, save_strategy="no")  # fmt: skip
-    traces = load_sft_traces("parallel_gsm8k_sample", limit=2)
+    traces = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"), limit=2)
     trainer = ParallelSFTTrainer(model, args, processing_class=tokenizer, train_dataset=traces)
     batch = next(iter(trainer.get_train_dataloader()))
     with torch.no_grad():

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..data.arguments import ColumnArguments, PromptArguments
+from ..data.arguments import DataArguments, PromptArguments
 from ..docstrings import document_parameters
 from ..rollout.arguments import SamplingArguments, VLLMArguments
 
 BACKENDS = ("transformers", "vllm", "openai", "function")
 
 # What decides the teacher's samples: a restart in the same folder must have the same. The filters are applied
-# anew to every sample on each run, so they may change; so may the connection to a server and max_problems.
+# anew to every sample on each run, so they may change; so may the connection to a server and max_train_samples.
 GENERATION_SETTINGS = (
     "model_name_or_path",
     "model_revision",
@@ -20,7 +20,7 @@ GENERATION_SETTINGS = (
     "backend",  # the transformers backend seeds each problem, the others each answer
     "dataset_name",
     "dataset_config",
-    "dataset_split",
+    "dataset_train_split",
     "question_column",
     "answer_column",
     "prompt_template",
@@ -30,13 +30,17 @@ GENERATION_SETTINGS = (
     "max_new_tokens",
     "seed",
 )
+# Names the cold start's settings had before it took `DataArguments`: refused in one line that names the new one.
+RENAMED_KEYS = {"dataset_split": "dataset_train_split", "max_problems": "max_train_samples"}
+RECORDED_AS = {"dataset_train_split": "dataset_split"}  # run.json keeps the key earlier runs wrote: they resume
 
 
 @document_parameters
 @dataclass(kw_only=True)
-class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMArguments):
-    """The teacher, the problems (their columns: `ColumnArguments`), the sampling (`SamplingArguments`), the
-    backend's options (the offline vLLM engine's: `VLLMArguments`), the filters and the output."""
+class ColdStartConfig(DataArguments, PromptArguments, SamplingArguments, VLLMArguments):
+    """The teacher, the problems (`DataArguments`: the training split, at most `max_train_samples` problems, which
+    may be raised later to extend a run in place), the sampling (`SamplingArguments`), the backend's options (the
+    offline vLLM engine's: `VLLMArguments`), the filters and the output."""
 
     output_dir: str = field(
         metadata={"help": "Folder of samples.jsonl (every answer), train.parquet, report.md/json/png and run.json."}
@@ -46,17 +50,6 @@ class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMA
     )
     model_revision: str | None = field(default=None, metadata={"help": "The teacher's Hub revision."})
     dtype: str = field(default="auto", metadata={"help": "Teacher weights dtype (transformers and vllm backends)."})
-
-    # Questions
-    dataset_name: str = field(
-        default="gsm8k",
-        metadata={"help": "Problems: a shipped set (gsm8k), a local .jsonl/.json/.parquet file or a Hub dataset id."},
-    )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
-    dataset_split: str = field(default="train", metadata={"help": "Split of the problems."})
-    max_problems: int | None = field(
-        default=None, metadata={"help": "Only the first N problems (raise it later to extend a run in place)."}
-    )
 
     # Sampling
     num_samples: int = field(default=1, metadata={"help": "Answers asked of the teacher per problem."})
@@ -149,6 +142,7 @@ class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMA
     hub_private: bool = field(default=False, metadata={"help": "Make the pushed dataset private."})
 
     def __post_init__(self):
+        DataArguments.__post_init__(self)
         PromptArguments.__post_init__(self)
         SamplingArguments.__post_init__(self)
         if self.backend not in BACKENDS:
@@ -156,7 +150,7 @@ class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMA
         for name in ("num_samples", "max_new_tokens", "concurrency", "chunk_size", "vllm_tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_problems", "max_length", "max_traces_per_question"):
+        for name in ("max_length", "max_traces_per_question"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {getattr(self, name)}")
         if self.near_duplicate_threshold is not None and not 0 < self.near_duplicate_threshold <= 1:
@@ -171,4 +165,4 @@ class ColdStartConfig(PromptArguments, ColumnArguments, SamplingArguments, VLLMA
     def generation_settings(self) -> dict:
         """The settings a restart in the same output_dir must share (GENERATION_SETTINGS)."""
         values = asdict(self)
-        return {name: values[name] for name in GENERATION_SETTINGS}
+        return {RECORDED_AS.get(name, name): values[name] for name in GENERATION_SETTINGS}

@@ -42,15 +42,8 @@ SAMPLES = "samples.jsonl"
 
 def generate_cold_start(config: ColdStartConfig) -> dict:
     folder = Path(config.output_dir)
-    problems = load_problems(
-        config.dataset_name,
-        config.dataset_split,
-        config=config.dataset_config,
-        question_column=config.question_column,
-        answer_column=config.answer_column,
-        template=config.prompt_template,
-        limit=config.max_problems,
-    )
+    split = config.dataset_train_split
+    problems = load_problems(config, split, template=config.prompt_template, limit=config.row_limit(split))
     questions = {
         row["id"]: {"problem": problem_text(row["prompt"]), "reference": extract_reference(row["answer"])}
         for row in problems

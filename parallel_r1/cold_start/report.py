@@ -43,7 +43,7 @@ def build_report(verdicts: list[Verdict], config: ColdStartConfig, num_problems:
     lengths = [v.checks["num_tokens"] if config.student_tokenizer else len(v.trace) for v in kept]
     return {
         "teacher": config.model_name_or_path,
-        "questions": f"{config.dataset_name} [{config.dataset_split}]",
+        "questions": f"{config.dataset_name} [{config.dataset_train_split}]",
         "problems": num_problems,
         "answers": len(verdicts),
         "kept": len(kept),

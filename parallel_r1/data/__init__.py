@@ -1,6 +1,6 @@
 """Datasets: shipped offline files, Hub ids and local files mapped to prompt + answer columns.
 
-Importing the package is light (no `datasets`): the loaders are imported on first use.
+Importing the package is light (no `datasets`, no TRL): the loaders and the arguments are imported on first use.
 """
 
 from pathlib import Path
@@ -21,6 +21,7 @@ _LOADERS = (
     "to_sft_traces",
     "trace_problem",
 )
+_ARGUMENTS = ("DataArguments", "SFTDataArguments")  # TRL's ScriptArguments: also imported on first use
 __all__ = [
     "DATA_DIR",
     "FINAL_ANSWER",
@@ -30,6 +31,7 @@ __all__ = [
     "check_template",
     "prompt_ids",
     *_LOADERS,
+    *_ARGUMENTS,
 ]
 
 
@@ -38,4 +40,8 @@ def __getattr__(name: str):
         from . import loaders
 
         return getattr(loaders, name)
+    if name in _ARGUMENTS:
+        from . import arguments
+
+        return getattr(arguments, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,8 @@ from .prompts import FINAL_ANSWER, PROMPT_MARKER, TEMPLATES, build_prompt, check
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from .arguments import DataArguments, SFTDataArguments
+
 logger = logging.getLogger(__name__)
 
 SHIPPED = {
@@ -152,50 +154,38 @@ def read_source(source: str, split: str = "train", config: str | None = None) ->
 
 
 def load_problems(
-    source: str,
-    split: str = "train",
-    *,
-    config: str | None = None,
-    question_column: str | None = None,
-    answer_column: str | None = None,
-    template: str = "parallel",
-    limit: int | None = None,
+    data: DataArguments, split: str | None = None, *, template: str = "parallel", limit: int | None = None
 ) -> Dataset:
-    """Problems from `source` as columns `prompt` (one chat user turn), `answer` and `id`."""
+    """Problems of `split` (default: `data.dataset_train_split`) of `data`'s source as columns `prompt` (one chat user
+    turn), `answer` and `id`; `limit` caps the rows (`data.row_limit(split)` is what a training split keeps)."""
     _check_options(template, limit)
+    split = split or data.dataset_train_split
     return to_problems(
-        read_source(source, split, config),
-        question_column=question_column,
-        answer_column=answer_column,
+        read_source(data.dataset_name, split, data.dataset_config),
+        question_column=data.question_column,
+        answer_column=data.answer_column,
         template=template,
         limit=limit,
-        name=f"{source} [{split}]",
+        name=f"{data.dataset_name} [{split}]",
     )
 
 
 def load_sft_traces(
-    source: str,
-    split: str = "train",
-    *,
-    config: str | None = None,
-    question_column: str | None = None,
-    response_column: str | None = None,
-    answer_column: str | None = None,
-    template: str = "parallel",
-    only_well_formed: bool = True,
-    limit: int | None = None,
+    data: SFTDataArguments, split: str | None = None, *, template: str = "parallel", limit: int | None = None
 ) -> Dataset:
-    """Cold-start traces from `source` as TRL conversational prompt-completion rows (see `to_sft_traces`)."""
+    """Cold-start traces of `split` (default: `data.dataset_train_split`) of `data`'s source as TRL conversational
+    prompt-completion rows (see `to_sft_traces`); `limit` caps the rows."""
     _check_options(template, limit)
+    split = split or data.dataset_train_split
     return to_sft_traces(
-        read_source(source, split, config),
-        question_column=question_column,
-        response_column=response_column,
-        answer_column=answer_column,
+        read_source(data.dataset_name, split, data.dataset_config),
+        question_column=data.question_column,
+        response_column=data.response_column,
+        answer_column=data.answer_column,
         template=template,
-        only_well_formed=only_well_formed,
+        only_well_formed=data.only_well_formed,
         limit=limit,
-        name=f"{source} [{split}]",
+        name=f"{data.dataset_name} [{split}]",
     )
 
 

@@ -17,7 +17,7 @@ import zlib
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
-from ..data import load_problems, prompt_ids
+from ..data import DataArguments, load_problems, prompt_ids
 from . import records as rec
 from .config import parse_benchmarks
 from .metrics import summarize
@@ -32,7 +32,7 @@ class InTrainingEvaluation(TrainerCallback):
         self.batch = args.per_device_train_batch_size * args.steps_per_generation  # a training generation's streams
         self.items, self.rows, self.prompts = [], {}, {}
         for name, k in parse_benchmarks(benchmarks):
-            problems = load_problems(name, "test", template=template, limit=max_problems)
+            problems = load_problems(DataArguments(dataset_name=name), "test", template=template, limit=max_problems)
             for i, row in enumerate(problems):
                 self.rows[name, i] = rec.problem_record(name, i, row)
                 self.prompts[name, i] = row["prompt"]

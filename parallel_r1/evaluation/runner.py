@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..cli import check_model_path
-from ..data import load_problems, prompt_ids
+from ..data import DataArguments, load_problems, prompt_ids
 from ..durable import check_settings
 from ..rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.vllm_backend import VLLMBackend
@@ -60,7 +60,12 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     expected = set()
     try:
         for name, k in config.benchmark_specs():
-            problems = load_problems(name, config.split, template=config.prompt_template, limit=config.max_problems)
+            problems = load_problems(
+                DataArguments(dataset_name=name),
+                config.split,
+                template=config.prompt_template,
+                limit=config.max_problems,
+            )
             rows = [rec.problem_record(name, i, row) for i, row in enumerate(problems)]
             expected |= {(name, i, s) for i in range(len(rows)) for s in range(k)}
             missing = [(i, s) for i in range(len(rows)) for s in range(k) if (name, i, s) not in done]

@@ -140,15 +140,15 @@ def check_set_fields(args) -> None:
         check_template(value["prompt_template"])
 
 
-def renamed_setting(keys) -> str | None:
-    """Why a recipe's or command line's settings (name -> value, or names) use an old name, or None."""
-    for key in keys:
-        if key in RENAMED_KEYS:
-            return f"{key} is now called {RENAMED_KEYS[key]}"
-    if isinstance(keys, dict):
-        for (key, old), new in RENAMED_VALUES.items():
-            if keys.get(key) == old:
-                return f"{key}: {old!r} is now called {new!r}"
+def renamed_setting(settings: dict, renamed_keys: dict[str, str] = RENAMED_KEYS) -> str | None:
+    """Why a recipe's or command line's settings (name -> value) use an old name (`renamed_keys`: old -> new) or an
+    old value (`RENAMED_VALUES`), or None."""
+    for key in settings:
+        if key in renamed_keys:
+            return f"{key} is now called {renamed_keys[key]}"
+    for (key, old), new in RENAMED_VALUES.items():
+        if settings.get(key) == old:
+            return f"{key}: {old!r} is now called {new!r}"
     return None
 
 

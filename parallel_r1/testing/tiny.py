@@ -194,12 +194,12 @@ def save_tiny_teacher(output_dir: str | Path, num_problems: int = 3) -> Path:
     saved: the offline teacher of the cold-start tests and demo. On other problems it writes one of the traces it
     knows, so its answers there are well-formed and wrong."""
     from ..answers import extract_reference
-    from ..data import load_problems
+    from ..data import DataArguments, load_problems
 
     output_dir = Path(output_dir)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
-    problems = load_problems("gsm8k", "train", limit=num_problems)
+    problems = load_problems(DataArguments(dataset_name="gsm8k"), "train", limit=num_problems)
     loss = teach(model, tokenizer, [(p["prompt"], teacher_trace(extract_reference(p["answer"]))) for p in problems])
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
