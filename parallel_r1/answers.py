@@ -49,7 +49,7 @@ from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
-from .tags.language import strip_tags
+from .tags.language import BLANK, strip_tags
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ TIMEOUT_S = 5.0  # hard bound on one math-verify check
 SOFT_TIMEOUT_S = 1  # math-verify's own bound on each parse/verify step inside the child (whole seconds)
 STARTUP_TIMEOUT_S = 120.0  # the child imports sympy once
 
-_FINAL = re.compile(r"(?:\*\*)?final answer(?:\*\*)?\s*:(?:\*\*)?", re.IGNORECASE)
+# `Final Answer:` as a model may write it: any case, markdown bold around the words or the colon
+FINAL_MARKER = re.compile(r"(?:\*\*)?final answer(?:\*\*)?\s*:(?:\*\*)?", re.IGNORECASE)
+_MARKER_FIRST = re.compile(r"[ \t]*" + FINAL_MARKER.pattern, re.IGNORECASE)  # the marker first on its line
+_BLANK = "".join(sorted(BLANK))
 _BOX = re.compile(r"\\boxed\s*\{")
 _BRACE = re.compile(r"[{}]")
 _GSM8K_MARK = "####"
@@ -95,13 +98,32 @@ def _last_boxes(text: str) -> tuple[int, str] | None:
 
 def _last_final_answer(text: str) -> tuple[int, str] | None:
     """(start, answer) of the last `Final Answer:` marker."""
-    matches = list(_FINAL.finditer(text))
+    matches = list(FINAL_MARKER.finditer(text))
     if not matches:
         return None
     match = matches[-1]
     lines = text[match.end() :].split("\n")
     content = next((line for line in lines if line.strip()), "")
     return match.start(), content
+
+
+def final_answer_line(text: str) -> tuple[int, int, str] | None:
+    """(start, end, answer) of the last non-blank line of `text` when it is a `Final Answer:` line: the marker first on
+    it (after spaces), an answer after it; None otherwise. This is the format the prompts ask for and the cold-start
+    filter requires (docs/paper.md, the cold start); `extract_answer` reads answers anywhere. Blank is the tag
+    parser's whitespace; the answer is stripped."""
+    end = len(text.rstrip(_BLANK))
+    start = text.rfind("\n", 0, end) + 1
+    match = _MARKER_FIRST.match(text, start, end)
+    answer = text[match.end() : end].strip() if match else ""
+    return (start, end, answer) if answer else None
+
+
+def final_answer(response: str) -> str | None:
+    """The answer on the `Final Answer:` line that ends `response` once its tags are removed (`final_answer_line`),
+    or None."""
+    line = final_answer_line(strip_tags(response))
+    return line[2] if line else None
 
 
 def _clean(answer: str) -> str:

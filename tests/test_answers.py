@@ -20,6 +20,8 @@ from parallel_r1.answers import (
     answers_match,
     extract_answer,
     extract_reference,
+    final_answer,
+    final_answer_line,
     is_correct,
     normalize,
     read_answer,
@@ -71,6 +73,32 @@ def test_extract_answer(completion, expected):
 @pytest.mark.parametrize("completion", [None, 5, b"Final Answer: 3", ["Final Answer: 3"]])
 def test_extract_answer_of_a_non_string_is_none(completion):
     assert extract_answer(completion) is None
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("Work.\nFinal Answer: 18", "18"),
+        ("Work.\n  **Final Answer:** 18 \n\n", "18"),  # the marker as extract_answer reads it, first on the line
+        ("Work.\nfinal answer: 18\r\n", "18"),
+        ("<Summary>Final Answer: 18</Summary>", "18"),  # tags removed
+        ("Final Answer: 18\nThen I checked it.", None),  # not the last line
+        ("The Final Answer: 18", None),  # not first on its line
+        ("Final Answer:\n18", None),  # the answer must be on the line (extract_answer takes the next line)
+        ("Final Answer:  \t", None),
+        ("", None),
+    ],
+)
+def test_final_answer_is_the_last_line_the_prompt_asks_for(response, expected):
+    assert final_answer(response) == expected
+    if expected is not None:
+        assert extract_answer(response) == expected  # the two readers agree where the line is there
+
+
+def test_final_answer_line_spans_the_line_without_its_trailing_blanks():
+    text = "Work.\n  Final Answer: $18.00 \n\n"
+    start, end, answer = final_answer_line(text)
+    assert (text[start:end], answer) == ("  Final Answer: $18.00", "$18.00")
 
 
 def test_giant_completion_reads_its_tail():

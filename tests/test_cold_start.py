@@ -120,6 +120,8 @@ def test_a_correct_final_answer_is_spelled_as_the_reference():
     record = {"question_id": "q", "sample": 0, "problem": "p", "reference": "18", "text": text, "finish": "stop"}
     assert judge(record, config()).trace.endswith("\nFinal Answer: 18")
     assert judge(record, config(rewrite_final_answer=False)).trace.endswith("Final Answer: $18.00")
+    bold = {**record, "text": text.replace("Final Answer:", "  **Final Answer:**")}  # read as the scorer reads it
+    assert judge(bold, config()).trace.endswith("\nFinal Answer: 18") and judge(bold, config()).reason is None
 
 
 def test_reasoning_truncation_and_blank_answers():

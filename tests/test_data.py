@@ -13,13 +13,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from trl.data_utils import apply_chat_template, is_conversational
 
+from parallel_r1.answers import final_answer
 from parallel_r1.data import (
     DATA_DIR,
     FINAL_ANSWER,
     DataArguments,
     SFTDataArguments,
     build_prompt,
-    final_answer,
     load_problems,
     load_sft_traces,
     problem_text,

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parallel_r1.answers import extract_answer, is_correct
+from parallel_r1.answers import extract_answer, final_answer, is_correct
 from parallel_r1.cold_start import ColdStartConfig, generate_cold_start
 from parallel_r1.data import DataArguments, build_prompt, load_problems
-from parallel_r1.data.loaders import final_answer, problem_text
+from parallel_r1.data.loaders import problem_text
 from parallel_r1.tags.language import parse
 from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
 from parallel_r1.testing.demo.task import (

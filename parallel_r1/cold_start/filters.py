@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..answers import is_correct
-from ..data import FINAL_ANSWER, build_prompt, final_answer
+from ..answers import final_answer, final_answer_line, is_correct
+from ..data import FINAL_ANSWER, build_prompt
 from ..tags.language import BLANK, PARALLEL_CLOSE, PARALLEL_OPEN, PATH_CLOSE, PATH_OPEN, TAGS, parse, stats
 from .config import ColdStartConfig
 
@@ -44,7 +44,6 @@ _BLANK = "[" + re.escape("".join(sorted(BLANK))) + "]+"  # the parser's whitespa
 _INSIDE_BLOCK = re.compile(
     f"({re.escape(PARALLEL_OPEN)}|{re.escape(PATH_CLOSE)}){_BLANK}(?={re.escape(PATH_OPEN)}|{re.escape(PARALLEL_CLOSE)})"
 )
-_LAST_LINE = re.compile(rf"([ \t]*{re.escape(FINAL_ANSWER)}).*?({_BLANK}|)\Z", re.DOTALL)
 
 
 def clean_answer(text: str, drop_reasoning: bool = True) -> str:
@@ -62,13 +61,14 @@ def normalize_trace(text: str) -> str:
 
 
 def _rewrite_final_answer(text: str, reference: str) -> str:
-    """The trace with its last line, a `Final Answer:` line with no tag in it, made `Final Answer: <reference>`
-    (the official training data spells every answer as its reference does: `$18.00` became `18`)."""
-    start = text.rfind("\n", 0, len(text.rstrip())) + 1
-    match = _LAST_LINE.match(text, start)
-    if not match or any(tag in text[start:] for tag in TAGS):
+    """The trace with its last line, a `Final Answer:` line (`answers.final_answer_line`) with no tag in it, made
+    `Final Answer: <reference>` (the official training data spells every answer as its reference does: `$18.00`
+    became `18`); the whitespace after it is kept."""
+    line = final_answer_line(text)
+    if line is None or any(tag in text[line[0] :] for tag in TAGS):
         return text
-    return text[:start] + f"{match.group(1)} {reference}{match.group(2)}"
+    start, end, _ = line
+    return text[:start] + f"{FINAL_ANSWER} {reference}" + text[end:]
 
 
 @dataclass

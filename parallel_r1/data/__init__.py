@@ -12,7 +12,6 @@ DATA_DIR = Path(__file__).parent / "files"
 _LOADERS = (
     "SHIPPED",
     "drop_long_traces",
-    "final_answer",
     "load_problems",
     "load_sft_traces",
     "problem_text",

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..tags.language import parse, strip_tags
+from ..answers import final_answer
+from ..tags.language import parse
 from ..tags.tokens import add_parallel_tokens, missing_tags
 from . import DATA_DIR
-from .prompts import FINAL_ANSWER, PROMPT_MARKER, TEMPLATES, build_prompt, check_template
+from .prompts import PROMPT_MARKER, TEMPLATES, build_prompt, check_template
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -74,7 +74,6 @@ DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 # Parallel-R1's verl files: their instruction, this marker, then the problem, in one user turn.
 PROBLEM_MARKER = "\n\nProblem: "
 
-_FINAL_LINE = re.compile(rf"\s*{re.escape(FINAL_ANSWER)}(.*)")
 _BATCH = 1024
 
 
@@ -109,13 +108,6 @@ def problem_text(cell) -> str:
     if is_chat and PROBLEM_MARKER in cell:
         return cell.split(PROBLEM_MARKER, 1)[1].strip()
     return text
-
-
-def final_answer(response: str) -> str | None:
-    """What follows `Final Answer:` on the last non-blank line (tags removed); None if that line is not one."""
-    lines = [line for line in strip_tags(response).splitlines() if line.strip()]
-    match = _FINAL_LINE.match(lines[-1]) if lines else None
-    return (match.group(1).strip() or None) if match else None
 
 
 def trace_problem(response: str) -> str | None:
