@@ -19,81 +19,20 @@ start), so it has no drill.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
+from launches import Launch, complete, step_logs, succeeded, weights_differ
 
 from parallel_r1.durable import read_lines
 from parallel_r1.evaluation import records as rec
 from parallel_r1.evaluation import summarize
 
-ROOT = Path(__file__).resolve().parents[1]
-PHASE_TIMEOUT = 300  # seconds for one phase (two concurrent launches) on a busy machine
-
 pytestmark = pytest.mark.slow
-
-
-class Launch:
-    """A script in its own process group (accelerate launch spawns a child: a kill must reach both), output to a
-    log file. Used as a context manager: whatever is still running at the end is killed."""
-
-    def __init__(self, command: list, log: Path):
-        self.log = log
-        with log.open("wb") as out:
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    timeout = PHASE_TIMEOUT  # seconds a launch may take to reach what is waited for, or to end
-
-    def kill(self) -> None:
-        """SIGKILL the process group."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def kill_when(self, ready, what: str) -> None:
-        """`kill` as soon as `ready()` holds."""
-        deadline = time.time() + self.timeout
-        while not ready():
-            assert self.process.poll() is None, f"ended before {what}:\n{self.text()[-3000:]}"
-            assert time.time() < deadline, f"no {what} in {self.timeout} s"
-            time.sleep(0.01)
-        self.kill()
-
-    def finish(self) -> int:
-        try:
-            return self.process.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.kill()
-
-    def __enter__(self) -> Launch:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def succeeded(launch: Launch) -> None:
-    assert launch.finish() == 0, launch.text()[-3000:]
 
 
 # --------------------------------------------------------------------------- SFT
@@ -109,15 +48,6 @@ def sft_command(model_dir: Path, out: Path, *flags: str) -> list:
     command += ["--max_train_samples", "6", "--per_device_train_batch_size", "2", "--max_steps", str(SFT_STEPS)]
     command += ["--save_strategy", "steps", "--save_steps", str(SFT_SAVE), "--logging_steps", "1", "--seed", "0"]
     return command + list(flags)
-
-
-def complete(checkpoint: Path) -> bool:
-    """A checkpoint whose trainer state (transformers writes it last) is whole."""
-    try:
-        json.loads((checkpoint / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def checkpoints(out: Path) -> dict:
@@ -153,20 +83,6 @@ def sft(tiny_dir, tmp_path_factory):
         succeeded(resumed)
         torn_run.finish()
     return dict(whole=whole, killed=killed, torn=torn, newest=newest, resumed=resumed, torn_run=torn_run)
-
-
-def weights_differ(a: Path, b: Path) -> list:
-    """Names of the tensors of two saved models that are not bit-identical (all of them if the names differ)."""
-    first, second = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    if first.keys() != second.keys():
-        return sorted(first.keys() ^ second.keys())
-    return [name for name in first if not torch.equal(first[name], second[name])]
-
-
-def step_logs(out: Path) -> list:
-    """The per-step entries of a run's log history (those with a loss), in order."""
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    return [entry for entry in history if "loss" in entry]
 
 
 def test_sft_killed_after_a_checkpoint_resumes_to_the_weights_of_an_unbroken_run(sft):

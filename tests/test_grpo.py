@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback
 
 from parallel_r1.data import build_prompt
 from parallel_r1.rewards import get_reward_funcs
@@ -21,52 +20,19 @@ from parallel_r1.structure import isolated_inputs
 from parallel_r1.tags.grammar import Grammar, masked_logps
 from parallel_r1.tags.language import TAGS, parse
 from parallel_r1.tags.tokens import tag_vocab
-from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
+from parallel_r1.testing.tiny_grpo import arithmetic_dataset, length_reward, tiny_grpo_config, tiny_grpo_trainer
+from parallel_r1.trainers.grpo import ParallelGRPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-PROBLEMS = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
-ANSWERS = ["5", "9", "3", "12"]
 
 
 @pytest.fixture
 def dataset():
-    return Dataset.from_dict({"prompt": [build_prompt(p) for p in PROBLEMS], "answer": ANSWERS})
-
-
-def length_reward(completions, **kwargs):
-    """A reward with spread inside every group, so advantages (and the loss) are never all zero."""
-    return [float(len(c[0]["content"]) % 7) for c in completions]
+    return arithmetic_dataset()
 
 
 def config(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=48,
-        max_path_tokens=12,
-        max_summary_tokens=6,
-        max_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    settings.update(overrides)
-    return ParallelGRPOConfig(**settings)
-
-
-def trainer_for(tag_prone_dir, args, dataset, rewards=None):
-    tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
-    model = AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32")
-    rewards = rewards if rewards is not None else [length_reward]
-    return ParallelGRPOTrainer(
-        model=model, reward_funcs=rewards, args=args, processing_class=tokenizer, train_dataset=dataset
-    )
+    return tiny_grpo_config(tmp_path / "out", **overrides)
 
 
 @pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "sequential"), ("tree", "fork")])
@@ -79,7 +45,7 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
 
     # the block limit is reached often (tag-prone model): its ban is re-applied by the trainer's forward
     args = config(tmp_path, attention=attention, rollout_mode=mode, max_blocks=1)
-    trainer = trainer_for(tag_prone_dir, args, dataset, [recording_reward])
+    trainer = tiny_grpo_trainer(tag_prone_dir, args, dataset, [recording_reward])
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "parallel/ratio" in entry]
@@ -99,14 +65,14 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
 
 def _batch(trainer):
     """One generated and scored batch, as the training step receives it."""
-    inputs = [{"prompt": build_prompt(p), "answer": a} for p, a in zip(PROBLEMS, ANSWERS)]
+    inputs = arithmetic_dataset().to_list()
     trainer.model.train()
     return trainer._generate_and_score_completions(inputs)
 
 
 def test_inserted_tokens_get_no_gradient(tmp_path, tag_prone_dir, dataset):
     """d loss / d log-prob is zero on every inserted token and not on the sampled ones."""
-    trainer = trainer_for(tag_prone_dir, config(tmp_path), dataset)
+    trainer = tiny_grpo_trainer(tag_prone_dir, config(tmp_path), dataset)
     trainer.current_gradient_accumulation_steps = 1  # what the training loop sets before compute_loss
     batch = _batch(trainer)
     real = batch["completion_mask"].bool()
@@ -126,7 +92,7 @@ def test_inserted_tokens_get_no_gradient(tmp_path, tag_prone_dir, dataset):
 
 
 def test_isolated_log_probs_are_the_structure_forward(tmp_path, tag_prone_dir, dataset):
-    trainer = trainer_for(tag_prone_dir, config(tmp_path, max_completion_length=64), dataset)
+    trainer = tiny_grpo_trainer(tag_prone_dir, config(tmp_path, max_completion_length=64), dataset)
     batch = _batch(trainer)
     vocab = tag_vocab(trainer.processing_class)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
@@ -214,7 +180,7 @@ def test_rewards_score_the_tag_ids_not_text_that_spells_them(tmp_path, tag_prone
     tokens, gets the parallel rewards only in the first case."""
     tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
     rewards = get_reward_funcs(["tiered", "parallel", "well_formed"], tokenizer=tokenizer)
-    trainer = trainer_for(tag_prone_dir, config(tmp_path), dataset, rewards)
+    trainer = tiny_grpo_trainer(tag_prone_dir, config(tmp_path), dataset, rewards)
     text = f"Add.{TAGS[0]}{TAGS[2]}2+3=5{TAGS[3]}{TAGS[2]}5{TAGS[3]}{TAGS[1]}\n{TAGS[4]}5{TAGS[5]}\nFinal Answer: 5"
     with_tags = tokenizer.encode(text, add_special_tokens=False)
     spelled = []
@@ -244,7 +210,7 @@ def test_in_training_evaluation_logs_eval_metrics_and_leaves_training_alone(tmp_
     """parallel_eval_steps: eval/<benchmark>/* metrics in the log, and the training run is the one it would be."""
 
     def run(**evaluation):
-        trainer = trainer_for(tag_prone_dir, config(tmp_path, **evaluation), dataset)
+        trainer = tiny_grpo_trainer(tag_prone_dir, config(tmp_path, **evaluation), dataset)
         trainer.train()
         return trainer.state.log_history
 
@@ -280,7 +246,7 @@ def test_resume_continues_the_step_and_the_reward_schedule(tmp_path, tag_prone_d
     def run(max_steps, resume=None):
         args = config(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=1)
         rewards = get_reward_funcs([schedule, "parallel"]) + [length_reward]
-        trainer = trainer_for(tag_prone_dir, args, dataset, rewards)
+        trainer = tiny_grpo_trainer(tag_prone_dir, args, dataset, rewards)
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 
@@ -317,7 +283,7 @@ def test_a_resumed_run_samples_and_trains_as_the_unbroken_run(tmp_path, tag_pron
             return length_reward(completions)
 
         args = config(tmp_path / name, max_steps=4, save_strategy="steps", save_steps=1)
-        trainer = trainer_for(tag_prone_dir, args, dataset, [recording_reward])
+        trainer = tiny_grpo_trainer(tag_prone_dir, args, dataset, [recording_reward])
         if stop:
             trainer.add_callback(_StopAt(stop))
         trainer.train(resume_from_checkpoint=resume)
@@ -420,7 +386,7 @@ def test_max_prompt_length_drops_exactly_the_longer_templated_prompts(tiny_dir, 
 
 
 def test_the_share_of_importance_weights_the_correction_changed_is_logged(tmp_path, tag_prone_dir, dataset):
-    trainer = trainer_for(tag_prone_dir, config(tmp_path), dataset)
+    trainer = tiny_grpo_trainer(tag_prone_dir, config(tmp_path), dataset)
     completion_mask = torch.ones(4, 3, dtype=torch.long)
     tool_mask = torch.tensor([[0, 1, 1]] * 4)  # the first token of each was inserted by the runtime
     output = {"completion_mask": completion_mask, "tool_mask": tool_mask}

@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from launches import GLOBAL_BATCH_4, Launches
 from safetensors.torch import load_file
-from test_multiprocess import GLOBAL_BATCH_4, Launches
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from parallel_r1.data import build_prompt
 from parallel_r1.rollout.vllm_backend import keep_cpu_linear_weights
-from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
+from parallel_r1.testing.tiny_grpo import tiny_grpo_config, tiny_grpo_trainer
 
 pytestmark = pytest.mark.vllm
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -39,43 +36,25 @@ def exact_cpu_vllm(monkeypatch):
     monkeypatch.setattr(vllm_generation, "LLM", functools.partial(vllm.LLM, dtype="float32"))
 
 
-def length_reward(completions, **kwargs):
-    return [float(len(c[0]["content"]) % 5) for c in completions]
-
-
 @pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 @pytest.mark.parametrize(
     "attention, mode",
     [("causal", "sequential"), ("tree", "fork")],  # the exact pairs: vLLM samples what the trainer computes
 )
 def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir, exact_cpu_vllm, attention, mode):
-    problems = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
-    dataset = Dataset.from_dict({"prompt": [build_prompt(p) for p in problems], "answer": ["5", "9", "3", "12"]})
-    args = ParallelGRPOConfig(
-        output_dir=str(tmp_path / "out"),
+    args = tiny_grpo_config(
+        tmp_path / "out",
         use_vllm=True,
         vllm_mode="colocate",
         vllm_max_model_length=1024,
         attention=attention,
         rollout_mode=mode,
         max_blocks=100,
-        per_device_train_batch_size=4,
-        num_generations=4,
         max_completion_length=32,
         max_steps=3,
         learning_rate=0.05,  # large, so stale weights in vLLM would show
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
     )
-    tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
-    model = AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32")
-    trainer = ParallelGRPOTrainer(
-        model=model, reward_funcs=[length_reward], args=args, processing_class=tokenizer, train_dataset=dataset
-    )
+    trainer = tiny_grpo_trainer(tag_prone_dir, args)
     start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     moved = max((p - start[n]).abs().max().item() for n, p in trainer.model.named_parameters())
@@ -98,20 +77,13 @@ def test_colocated_vllm_samples_with_the_updated_weights(tmp_path, tag_prone_dir
 
 @pytest.mark.slow  # measured: 22 s (make test-quick leaves it out)
 def test_a_tree_run_on_colocated_vllm_resumes_exact(tmp_path, tag_prone_dir, exact_cpu_vllm):
-    problems = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]
-    dataset = Dataset.from_dict({"prompt": [build_prompt(p) for p in problems], "answer": ["5", "9", "3", "12"]})
-
     def run(max_steps, resume=None):
-        args = ParallelGRPOConfig(
-            output_dir=str(tmp_path / "out"), use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024,
-            attention="tree", rollout_mode="fork", per_device_train_batch_size=4, num_generations=4,
-            max_completion_length=32, max_steps=max_steps, learning_rate=0.05, logging_steps=1, report_to=[],
-            save_strategy="steps", save_steps=2, use_cpu=True, bf16=False, seed=0,
+        args = tiny_grpo_config(
+            tmp_path / "out", use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024, attention="tree",
+            rollout_mode="fork", max_completion_length=32, max_steps=max_steps, learning_rate=0.05,
+            save_strategy="steps", save_steps=2,
         )  # fmt: skip
-        trainer = ParallelGRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(tag_prone_dir, dtype="float32"), reward_funcs=[length_reward],
-            args=args, processing_class=AutoTokenizer.from_pretrained(tag_prone_dir), train_dataset=dataset,
-        )  # fmt: skip
+        trainer = tiny_grpo_trainer(tag_prone_dir, args)
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 

@@ -20,8 +20,6 @@ DeepSpeed's CPU communication op (~2 min, cached in ~/.cache/torch_extensions, s
 from __future__ import annotations
 
 import math
-import os
-import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,14 +27,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from launches import GLOBAL_BATCH_4, Launches, complete, step_logs, weights_differ
 from safetensors.torch import load_file
-from test_drills_resume import Launch, complete, step_logs, weights_differ
 from transformers import AutoTokenizer
 
 from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.tiny_grpo import tiny_grpo_config
 from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer, check_zero3_generation
 
-TIMEOUT = 600  # seconds for one launch among three, the first ZeRO-3 one building DeepSpeed's op included
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1"]
 SETUPS = {
     "one": ["--config_file", "accelerate_configs/cpu.yaml"],
@@ -53,41 +51,6 @@ GRPO_STEPS, DRILL_STEPS, KILL_AFTER = 3, 4, 2
 GRPO = ["scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml", "--per_device_train_batch_size", "2"]
 GRPO += ["--max_completion_length", "48", "--max_path_tokens", "12", "--max_summary_tokens", "6"]
 GRPO += ["--max_train_samples", "8", "--seed", "0"]
-GLOBAL_BATCH_4 = "Total train batch size (w. parallel, distributed & accumulation) = 4"  # 2 x 2, or 1 x 4
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, read from /proc."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):  # ended meanwhile
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-class Launches(Launch):
-    """`accelerate launch` of several processes. torchrun starts each worker in a session of its own, so killing
-    the launcher's process group (as `Launch` does) would leave the workers training on; these kills reach every
-    process of the run at once, as a crash of the machine would."""
-
-    timeout = TIMEOUT
-
-    def kill(self) -> None:
-        everyone = [*descendants(self.process.pid), self.process.pid]  # read before any dies and is reparented
-        for pid in everyone:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait()
 
 
 def command(setup: str, port: int, script: list, *flags: str) -> list:
@@ -249,10 +212,7 @@ def test_zero3_grpo_killed_after_a_checkpoint_resumes_to_the_unbroken_run(runs):
 
 def zero3_args(tmp_path, **overrides) -> ParallelGRPOConfig:
     ds_config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
-    settings = dict(output_dir=str(tmp_path), deepspeed=ds_config, per_device_train_batch_size=4, num_generations=4,
-                    use_cpu=True, bf16=False, report_to=[], ds3_gather_for_generation=False)  # fmt: skip
-    settings.update(overrides)
-    return ParallelGRPOConfig(**settings)
+    return tiny_grpo_config(tmp_path, **{"deepspeed": ds_config, "ds3_gather_for_generation": False, **overrides})
 
 
 @pytest.fixture
@@ -276,5 +236,4 @@ def test_zero3_without_the_gather_refuses_the_engine_on_transformers(tmp_path, t
     check_zero3_generation(zero3_config(tmp_path, rollout_mode="plain", attention="causal"))
     check_zero3_generation(zero3_config(tmp_path, use_vllm=True))
     check_zero3_generation(zero3_config(tmp_path, ds3_gather_for_generation=True))
-    without_deepspeed = dict(per_device_train_batch_size=4, num_generations=4, use_cpu=True, report_to=[])
-    check_zero3_generation(ParallelGRPOConfig(str(tmp_path), ds3_gather_for_generation=False, **without_deepspeed))
+    check_zero3_generation(tiny_grpo_config(tmp_path, ds3_gather_for_generation=False))  # no DeepSpeed
