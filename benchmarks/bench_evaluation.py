@@ -13,7 +13,7 @@ most 2 blocks, budgets 48/24/192 tokens, temperature 1), one way each:
 
 The model is `parallel_r1.testing.tiny` with `tag_prone=True` (as `tests/conftest.py` builds it), saved to a temporary
 folder: it opens blocks, closes paths and ends completions on its own. Each run is one in-process `evaluate()`
-call into a fresh output folder; the sampler is warmed with one untimed batch (GSM8K train problems) right after
+call into a fresh output folder; the completion source is warmed with one untimed batch (GSM8K train problems) right after
 it loads the model (vLLM's first calls are slow), and the time of each benchmark is taken from the harness's own loop: from its
 `load_problems` to the next benchmark's (or to `write_results`), so it holds prompt building, sampling, scoring
 and the shard writes. `scripts/evaluate.py` (what users run) is also timed, in a subprocess, on the
@@ -66,7 +66,7 @@ MODEL_KEYS = ("model_name_or_path", "dtype", "attn_implementation")
 
 
 class HarnessClock:
-    """Timestamps inside one `evaluate()` call, taken by wrapping names of `evaluation.runner`: the sampler's
+    """Timestamps inside one `evaluate()` call, taken by wrapping names of `evaluation.runner`: the completion source's
     construction (model load), an untimed warm-up batch, the start of each benchmark and `write_results`."""
 
     def __init__(self, warmup: bool):
@@ -76,7 +76,7 @@ class HarnessClock:
     def __enter__(self):
         clock = self
         harness_load, harness_write = runner.load_problems, runner.write_results
-        sampler_init = runner._Sampler.__init__
+        source_init = runner._CompletionSource.__init__
 
         def timed_load_problems(data, *args, **kwargs):
             clock.marks.append((data.dataset_name, time.perf_counter()))
@@ -86,9 +86,9 @@ class HarnessClock:
             clock.marks.append((None, time.perf_counter()))
             return harness_write(*args, **kwargs)
 
-        def timed_init(sampler, config, *args, **kwargs):
+        def timed_init(source, config, *args, **kwargs):
             start = time.perf_counter()
-            sampler_init(sampler, config, *args, **kwargs)
+            source_init(source, config, *args, **kwargs)
             clock.times["load"] = time.perf_counter() - start
             start = time.perf_counter()
             if clock.warmup:  # one batch of shipped GSM8K *train* problems: real prompt lengths, no test prompt
@@ -98,17 +98,17 @@ class HarnessClock:
                     template=config.prompt_template,
                     limit=config.batch_size,
                 )
-                sampler.sample([prompt_ids(sampler.tokenizer, row["prompt"]) for row in rows], seed=12345)
+                source.sample([prompt_ids(source.tokenizer, row["prompt"]) for row in rows], seed=12345)
             clock.times["warmup"] = time.perf_counter() - start
 
-        self._saved = {"load_problems": harness_load, "write_results": harness_write, "init": sampler_init}
+        self._saved = {"load_problems": harness_load, "write_results": harness_write, "init": source_init}
         runner.load_problems, runner.write_results = timed_load_problems, timed_write_results
-        runner._Sampler.__init__ = timed_init
+        runner._CompletionSource.__init__ = timed_init
         return self
 
     def __exit__(self, *exc):
         runner.load_problems, runner.write_results = self._saved["load_problems"], self._saved["write_results"]
-        runner._Sampler.__init__ = self._saved["init"]
+        runner._CompletionSource.__init__ = self._saved["init"]
 
     def benchmark_seconds(self) -> dict:
         """Wall seconds of each benchmark, from its `load_problems` to the next mark."""
@@ -250,7 +250,7 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
     lines += ["", batching_target(runs, base_rates)]
     lines += [
         "",
-        "Whole `evaluate()` calls: load: building the sampler (the model, or the vLLM engine); warm-up: one untimed "
+        "Whole `evaluate()` calls: load: building the completion source (the model, or the vLLM engine); warm-up: one untimed "
         "batch of shipped GSM8K train problems; results: completions.jsonl, results.json and table.md; all: the whole "
         "call; all of these from the first try (the first of its kind in the process); later: the shortest whole "
         "call of the later tries.",

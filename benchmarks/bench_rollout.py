@@ -51,7 +51,14 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from parallel_r1.data import DATA_DIR
-from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
+from parallel_r1.rollout import (
+    EngineTokens,
+    ForkJoinEngine,
+    RolloutArguments,
+    Sampling,
+    TransformersBackend,
+    plain_rollouts,
+)
 from parallel_r1.rollout.vllm_backend import VLLMBackend
 from parallel_r1.structure import isolated_inputs
 from parallel_r1.tags.language import PARALLEL_OPEN, TAGS, TagVocab, parse, stats
@@ -170,8 +177,7 @@ class CountingLLM(WorkCounter):
 
 
 def make_engine(backend, tokenizer, vocab: TagVocab, config: RolloutArguments) -> ForkJoinEngine:
-    newline = tokenizer.encode("\n", add_special_tokens=False)
-    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, config)
+    return ForkJoinEngine(backend, EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab), config)
 
 
 class TransformersRunner:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .data import build_prompt, prompt_ids
 from .model_settings import read_settings
-from .rollout import ForkJoinEngine, Sampling, TransformersBackend, plain_rollouts
+from .rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend, plain_rollouts
 from .tags.language import TAGS
 
 
@@ -37,7 +37,7 @@ class ParallelSampler:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from .cli import check_model_path
-        from .tags.tokens import eos_ids, tag_vocab
+        from .tags.tokens import eos_ids
 
         check_model_path(model_path)
         self.settings = read_settings(model_path, **overrides)
@@ -49,10 +49,8 @@ class ParallelSampler:
                                            pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
         self.engine = None
         if self.settings.rollout_mode != "plain":
-            newline = self.tokenizer.encode("\n", add_special_tokens=False)
-            self.engine = ForkJoinEngine(
-                self.backend, tag_vocab(self.tokenizer), sorted(self.eos_ids), newline, self.settings
-            )
+            tokens = EngineTokens.of(self.tokenizer, self.eos_ids)
+            self.engine = ForkJoinEngine(self.backend, tokens, self.settings)
 
     def answer(self, problems: list[str]) -> list:
         """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""

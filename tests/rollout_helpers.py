@@ -2,7 +2,7 @@
 
 import torch
 
-from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend
+from parallel_r1.rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend
 from parallel_r1.structure import IsolatedForward, TreeForward
 from parallel_r1.tags.grammar import Grammar, GrammarForward
 
@@ -22,8 +22,8 @@ def engine(setup, kv_reuse="full", temperature=1.0, seed=0, **config):
     backend = TransformersBackend(
         model, Sampling(temperature=temperature, seed=seed), kv_reuse, tokenizer.pad_token_id
     )
-    newline = tokenizer.encode("\n", add_special_tokens=False)
-    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutArguments(**config))
+    tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
+    return ForkJoinEngine(backend, tokens, RolloutArguments(**config))
 
 
 def prompts(tokenizer):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
-from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Segment
+from parallel_r1.rollout import EngineTokens, RolloutArguments, Segment
 from parallel_r1.rollout.backend import finish_segment
 from parallel_r1.tags.language import PARALLEL_OPEN, parse
 
@@ -176,4 +176,6 @@ def test_segment_rules(sampled, segment, tokens, finish, forced):
 def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):
     _, _, tokenizer, vocab = tag_prone
     with pytest.raises(ValueError, match="whitespace"):
-        ForkJoinEngine(None, vocab, [tokenizer.eos_token_id], tokenizer.encode("--"), RolloutArguments())
+        EngineTokens(vocab, frozenset([tokenizer.eos_token_id]), tuple(tokenizer.encode("--")))
+    tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
+    assert tokenizer.decode(tokens.separator_ids) == "\n" and tokens.vocab is vocab

@@ -5,7 +5,7 @@ import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 from servers import vllm_server
 
-from parallel_r1.rollout import ForkJoinEngine, RolloutArguments, Sampling
+from parallel_r1.rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling
 from parallel_r1.rollout.vllm_backend import VLLMBackend
 from parallel_r1.tags.language import parse
 
@@ -31,8 +31,8 @@ def llm(tag_prone_dir):
 def vllm_engine(setup, backend, **config):
     _, _, tokenizer, vocab = setup
     config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
-    newline = tokenizer.encode("\n", add_special_tokens=False)
-    return ForkJoinEngine(backend, vocab, [tokenizer.eos_token_id], newline, RolloutArguments(**config))
+    tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
+    return ForkJoinEngine(backend, tokens, RolloutArguments(**config))
 
 
 def first_difference(a, b):

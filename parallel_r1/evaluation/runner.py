@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..cli import check_model_path
 from ..data import DataArguments, load_problems, prompt_ids
 from ..durable import check_settings
-from ..rollout import ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
+from ..rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.vllm_backend import VLLMBackend
 from ..tags.tokens import eos_ids, has_parallel_tokens, tag_vocab
 from ..versions import versions
@@ -52,7 +52,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
         raise ValueError(f"{path} has no parallel tags in its tokenizer: use rollout_mode='plain' to evaluate it")
     if state.is_main_process:
         _check_settings(folder, config, model_args)
-    sampler = _Sampler(config, model_args, tokenizer, vocab, state)
+    source = _CompletionSource(config, model_args, tokenizer, vocab, state)
     state.wait_for_everyone()
     done = {rec.key(r) for r in rec.read_shards(folder)}
     state.wait_for_everyone()  # every process knows what is done before any writes: they split the same list
@@ -77,7 +77,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
                     batch = mine[start : start + config.batch_size]
                     prompts = [prompt_ids(tokenizer, problems[i]["prompt"]) for i, _ in batch]
                     try:
-                        outputs = sampler.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
+                        outputs = source.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
                         scored = [
                             rec.score(rows[i], s, ids, finish, tokenizer, vocab)
                             for (i, s), (ids, finish) in zip(batch, outputs)
@@ -118,7 +118,7 @@ def write_results(folder: Path, config: EvaluationConfig, model_args, records: l
     return results
 
 
-class _Sampler:
+class _CompletionSource:
     """Completions (ids, finish) for prompts, with the configured rollout and backend."""
 
     def __init__(self, config: EvaluationConfig, model_args, tokenizer, vocab, state):
@@ -126,10 +126,10 @@ class _Sampler:
         path = model_args.model_name_or_path
         self.eos = eos_ids(tokenizer, _generation_config(path, model_args.model_revision))
         self.model = self.llm = self.client = None
-        self.separator = tokenizer.encode("\n", add_special_tokens=False)
-        self.rollout = None
+        self.rollout = self.tokens = None
         if config.rollout_mode != "plain":
             self.rollout = RolloutArguments.from_fields(config)
+            self.tokens = EngineTokens.of(tokenizer, self.eos, vocab)
         if config.backend != "transformers" and state.num_processes > 1:
             raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
         if config.backend == "transformers":
@@ -179,9 +179,7 @@ class _Sampler:
             if cfg.rollout_mode == "plain":
                 rollouts = plain_rollouts(backend, prompts, cfg.max_completion_length, self.eos)
             else:
-                rollouts = ForkJoinEngine(backend, self.vocab, self.eos, self.separator, self.rollout).generate(
-                    prompts
-                )
+                rollouts = ForkJoinEngine(backend, self.tokens, self.rollout).generate(prompts)
             return [(r.completion_ids, r.finish) for r in rollouts]
 
 

@@ -8,7 +8,7 @@ from .arguments import (
     RolloutArguments,
 )
 from .backend import Backend, Decoded, Sampling, Segment
-from .engine import ForkJoinEngine, Rollout, plain_rollouts
+from .engine import EngineTokens, ForkJoinEngine, Rollout, plain_rollouts
 from .hf_backend import TransformersBackend
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "RecordedRolloutArguments",
     "Backend",
     "Decoded",
+    "EngineTokens",
     "ForkJoinEngine",
     "Rollout",
     "RolloutArguments",

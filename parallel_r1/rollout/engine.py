@@ -5,7 +5,7 @@ Each completion moves through three phases, all completions of a call together:
     main     decode until <Parallel> or EOS
     paths    num_paths paths, each = context + <Path> (inserted), decoded until </Path>;
              a path cut by its budget is closed with an inserted </Path>
-    summary  insert </Parallel> \\n <Summary>, decode until </Summary> (closed the same way if cut),
+    summary  insert </Parallel> SEPARATOR <Summary>, decode until </Summary> (closed the same way if cut),
              then back to main
 
 `fork` decodes the paths of a block concurrently, each from the context alone (the backend forks the
@@ -33,8 +33,34 @@ from tqdm.auto import tqdm
 
 from ..tags.grammar import Grammar
 from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
+from ..tags.tokens import tag_vocab
 from .arguments import ENGINE_MODES, RolloutArguments
 from .backend import Backend, Decoded, Segment
+
+SEPARATOR = "\n"  # inserted between </Parallel> and <Summary>
+
+
+@dataclass(frozen=True)
+class EngineTokens:
+    """What the engine takes from a tokenizer, read once (`of`): the tags' ids and the blank ids (`vocab`), the ids
+    that end a completion (`eos_ids`) and the ids of SEPARATOR (`separator_ids`)."""
+
+    vocab: TagVocab
+    eos_ids: frozenset
+    separator_ids: tuple
+
+    def __post_init__(self):
+        if not all(i in self.vocab.blank_ids for i in self.separator_ids):
+            # the trainer finds the summary by parsing the ids: a separator that is not whitespace would end the block
+            raise ValueError(
+                f"the separator inserted before <Summary> must be whitespace tokens, got {self.separator_ids}"
+            )
+
+    @classmethod
+    def of(cls, tokenizer, eos_ids, vocab: TagVocab | None = None) -> EngineTokens:
+        """The engine's tokens of `tokenizer`; `vocab` when the caller has read it already (`tags.tokens.tag_vocab`)."""
+        separator = tokenizer.encode(SEPARATOR, add_special_tokens=False)
+        return cls(vocab or tag_vocab(tokenizer), frozenset(eos_ids), tuple(separator))
 
 
 @dataclass
@@ -59,16 +85,13 @@ class _State:
 
 
 class ForkJoinEngine:
-    def __init__(self, backend: Backend, vocab: TagVocab, eos_ids, separator_ids: list[int], config: RolloutArguments):
+    def __init__(self, backend: Backend, tokens: EngineTokens, config: RolloutArguments):
         if config.rollout_mode not in ENGINE_MODES:
             raise ValueError(f"the engine samples rollout_mode {ENGINE_MODES}, not {config.rollout_mode!r}")
         self.backend, self.config = backend, config
-        self.tag = vocab.ids
-        self.grammar = Grammar(vocab, frozenset(eos_ids), config.max_blocks)
-        if not all(i in vocab.blank_ids for i in separator_ids):
-            # the trainer finds the summary by parsing the ids: a separator that is not whitespace would end the block
-            raise ValueError(f"the separator inserted before <Summary> must be whitespace tokens, got {separator_ids}")
-        self.separator = list(separator_ids)
+        self.tag = tokens.vocab.ids
+        self.grammar = Grammar(tokens.vocab, tokens.eos_ids, config.max_blocks)
+        self.separator = list(tokens.separator_ids)
         self._after = {"main": self._after_main, "paths": self._after_paths, "summary": self._after_summary}
 
     def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:

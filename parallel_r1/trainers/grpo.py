@@ -32,7 +32,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
-from ..rollout import ForkJoinEngine, Sampling, TransformersBackend
+from ..rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tags.grammar import Grammar, GrammarForward
@@ -91,7 +91,9 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         self.grammar = Grammar(self.tag_vocab, frozenset(self.eos_token_ids), args.max_blocks) if uses_engine else None
         if args.attention != "causal":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
-        self._newline = self._tokenizer.encode("\n", add_special_tokens=False)
+        self.engine_tokens = (
+            EngineTokens.of(self._tokenizer, self.eos_token_ids, self.tag_vocab) if uses_engine else None
+        )
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
             self.add_callback(InTrainingEvaluation(self, args.parallel_eval_benchmarks, args.parallel_eval_problems))
@@ -121,7 +123,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         return Sampling(temperature=args.temperature, seed=seed)
 
     def _engine(self, backend) -> ForkJoinEngine:
-        return ForkJoinEngine(backend, self.tag_vocab, self.eos_token_ids, self._newline, self.args)
+        return ForkJoinEngine(backend, self.engine_tokens, self.args)
 
     def _rollouts(self, prompt_ids: list) -> list:
         if self.use_vllm:  # colocate: this process's own vLLM engine, weights already synced by TRL
