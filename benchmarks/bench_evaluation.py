@@ -13,9 +13,9 @@ most 2 blocks, budgets 48/24/192 tokens, temperature 1), one way each:
 
 The model is `parallel_r1.testing.tiny` with `tag_prone=True` (as `tests/conftest.py` builds it), saved to a temporary
 folder: it opens blocks, closes paths and ends completions on its own. Each run is one in-process `evaluate()`
-call into a fresh output folder; the completion source is warmed with one untimed batch (GSM8K train problems) right after
-it loads the model (vLLM's first calls are slow), and the time of each benchmark is taken from the harness's own loop: from its
-`load_problems` to the next benchmark's (or to `write_results`), so it holds prompt building, sampling, scoring
+call into a fresh output folder; the completion source is warmed with one untimed batch (GSM8K train problems)
+right after it loads the model (vLLM's first calls are slow), and the time of each benchmark is taken from the
+harness's own loop: from its `load_problems` to the next benchmark's (or to `write_results`), so it holds prompt building, sampling, scoring
 and the shard writes. `scripts/evaluate.py` (what users run) is also timed, in a subprocess, on the
 transformers-fork run's settings: interpreter start and imports included (`--no-script` skips it).
 """
@@ -250,9 +250,9 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
     lines += ["", batching_target(runs, base_rates)]
     lines += [
         "",
-        "Whole `evaluate()` calls: load: building the completion source (the model, or the vLLM engine); warm-up: one untimed "
-        "batch of shipped GSM8K train problems; results: completions.jsonl, results.json and table.md; all: the whole "
-        "call; all of these from the first try (the first of its kind in the process); later: the shortest whole "
+        "Whole `evaluate()` calls: load: building the completion source (the model, or the vLLM engine); "
+        "warm-up: one untimed batch of shipped GSM8K train problems; results: completions.jsonl, results.json and "
+        "table.md; all: the whole call; all of these from the first try (the first of its kind in the process); later: the shortest whole "
         "call of the later tries.",
         "",
         "| backend / mode | batch | load s | warm-up s | benchmarks s | results s | all s | completions/s (all) "

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 
 USER_ERRORS = (ValueError, FileNotFoundError)
 
@@ -111,9 +112,9 @@ def take_recipe(args: list[str]) -> tuple[list[str], str | None]:
 
 
 def flag_values(args: list[str]) -> dict[str, str | None]:
-    """Each `--name value` or `--name=value` flag of a command line as name -> value, dashes in the name read as
-    underscores (argparse takes both spellings) and the last of repeated flags winning; a flag followed by another
-    flag, or by nothing, has the value that follows it (a flag) or None."""
+    """Each `--name value` or `--name=value` flag of a command line as name -> value. Dashes in a name are read as
+    underscores (argparse takes both spellings), and the last of repeated flags wins. The value of `--name value`
+    is the next argument, whatever it is; a flag at the end has the value None."""
     values = {}
     for arg, following in zip(args, [*args[1:], None]):
         if arg.startswith("--"):
@@ -123,9 +124,9 @@ def flag_values(args: list[str]) -> dict[str, str | None]:
 
 
 @cache
-def recipe_settings(recipe: str) -> dict:
-    """A recipe's settings (the YAML mapping), read once a process; a file that is not YAML, or not a mapping, is
-    refused in one line."""
+def recipe_settings(recipe: str) -> Mapping:
+    """A recipe's settings (the YAML mapping, read-only), read once a process; a file that is not YAML, or not a
+    mapping, is refused in one line."""
     import yaml
 
     try:
@@ -136,7 +137,7 @@ def recipe_settings(recipe: str) -> dict:
         return {}
     if not isinstance(settings, dict):
         raise ValueError(f"recipe {recipe} is not a mapping of setting names to values")
-    return settings
+    return MappingProxyType(settings)  # read-only: every caller shares the one copy
 
 
 def named_model(args: list[str]) -> str | None:

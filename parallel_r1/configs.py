@@ -18,7 +18,7 @@ from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
 from .cli import OneLineErrors, flag_values, recipe_settings, take_recipe
 from .cold_start.config import RENAMED_KEYS as COLD_START_RENAMED_KEYS
 from .cold_start.config import ColdStartConfig
-from .data.arguments import DataArguments, SFTDataArguments
+from .data.sources import DataArguments, SFTDataArguments
 from .docstrings import document_parameters
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import ParallelArguments, RolloutArguments

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .rollout import RolloutArguments
-from .rollout.arguments import RENAMED_KEYS
+from .rollout.arguments import RENAMED_KEYS, RENAMED_VALUES
 
 CONFIG_KEY = "parallel_r1"
 SETTINGS_FILE = "parallel_r1.json"
@@ -40,15 +40,18 @@ def read_settings(model_path: str, revision: str | None = None, **overrides) -> 
 
 
 def recorded_settings(model_path: str, revision: str | None = None) -> dict:
-    """Each rollout setting as the model recorded it (under its new name where a setting was renamed), else
-    `RolloutArguments`' default; not checked."""
+    """Each rollout setting as the model recorded it (under its new name, with its new value, where a setting or a
+    value was renamed), else `RolloutArguments`' default; not checked."""
     recorded = _recorded(model_path, revision)
     if recorded is None:
         logger.warning(
             "%s records no parallel settings: sampling with the defaults %s", model_path, RolloutArguments()
         )
     values = asdict(RolloutArguments())
-    values.update({RENAMED_KEYS.get(k, k): v for k, v in (recorded or {}).items() if RENAMED_KEYS.get(k, k) in values})
+    for key, value in (recorded or {}).items():
+        name = RENAMED_KEYS.get(key, key)
+        if name in values:
+            values[name] = RENAMED_VALUES.get((name, value), value)
     return values
 
 

@@ -20,6 +20,7 @@ from transformers import HfArgumentParser
 
 from parallel_r1.cli import OneLineErrors, run
 from parallel_r1.configs import refuse_renamed_settings
+from parallel_r1.docstrings import document_parameters
 from parallel_r1.rollout.arguments import RecordedRolloutArguments, SamplingArguments
 
 
@@ -27,6 +28,7 @@ class ArgumentParser(OneLineErrors, HfArgumentParser):
     """transformers' parser; a bad flag or value ends in one line."""
 
 
+@document_parameters
 @dataclass(kw_only=True)
 class GenerateArguments(RecordedRolloutArguments, SamplingArguments):
     """What to answer and how; a rollout setting left unset is the model's recorded one."""
@@ -36,6 +38,13 @@ class GenerateArguments(RecordedRolloutArguments, SamplingArguments):
     file: str | None = field(default=None, metadata={"help": "A .txt (one problem a line) or .jsonl file."})
     output: str | None = field(default=None, metadata={"help": "Write one JSON line a problem here."})
     batch_size: int = field(default=16, metadata={"help": "Problems sampled together (and written) at a time."})
+
+    def __post_init__(self):
+        """Both bases' checks: neither dataclass's __post_init__ calls the other's."""
+        RecordedRolloutArguments.__post_init__(self)
+        SamplingArguments.__post_init__(self)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
 
 
 def read_problems(path: str) -> list[str]:

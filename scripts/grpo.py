@@ -25,9 +25,7 @@ def load_split(script_args, training_args, tokenizer, split):
     from parallel_r1.data import load_problems, prompt_ids
 
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
-        dataset = load_problems(
-            script_args, split, template=training_args.prompt_template, limit=script_args.row_limit(split)
-        )
+        dataset = load_problems(script_args, split, template=training_args.prompt_template)
         if script_args.max_prompt_length is None:
             return dataset
         limit = script_args.max_prompt_length

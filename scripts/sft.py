@@ -21,9 +21,7 @@ def load_traces(script_args, training_args, tokenizer, split):
     from parallel_r1.data import drop_long_traces, load_sft_traces
 
     with training_args.main_process_first(desc=f"loading {script_args.dataset_name} [{split}]"):
-        traces = load_sft_traces(
-            script_args, split, template=training_args.prompt_template, limit=script_args.row_limit(split)
-        )
+        traces = load_sft_traces(script_args, split, template=training_args.prompt_template)
         if training_args.max_length is None:
             return traces
         return drop_long_traces(traces, tokenizer, training_args.max_length, f"{script_args.dataset_name} [{split}]")

@@ -118,8 +118,10 @@ def test_a_card_before_any_log_names_hub_models_and_datasets_in_its_metadata(tin
     model.config._name_or_path = "Qwen/Qwen3-4B-Base"  # as if loaded from the Hub
     args = ParallelSFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none",
                              max_length=600, dataset_num_proc=None)  # fmt: skip
-    trainer = ParallelSFTTrainer(model, args, train_dataset=load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample")).select(range(1)),
-                                 processing_class=AutoTokenizer.from_pretrained(tiny_dir))  # fmt: skip
+    traces = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"), limit=1)
+    trainer = ParallelSFTTrainer(
+        model, args, train_dataset=traces, processing_class=AutoTokenizer.from_pretrained(tiny_dir)
+    )
     trainer.create_model_card(dataset_name="openai/gsm8k")
     card = ModelCard.load(tmp_path / "out" / "README.md")
     assert card.data.base_model == "Qwen/Qwen3-4B-Base" and card.data.datasets == ["openai/gsm8k"]

@@ -278,8 +278,8 @@ def test_a_run_killed_mid_way_restarts_to_the_rows_of_an_uninterrupted_one(teach
     killed = tmp_path / "killed"
     command = [sys.executable, "scripts/generate_cold_start.py", "--config", "recipes/tiny/cold_start.yaml",
                "--model_name_or_path", str(teacher_dir), "--student_tokenizer", str(teacher_dir),
-               "--output_dir", str(killed), "--max_train_samples", "24", "--num_samples", "2", "--max_new_tokens", "64",
-               "--max_length", "1024"]  # fmt: skip
+               "--output_dir", str(killed), "--max_train_samples", "24", "--num_samples", "2",
+               "--max_new_tokens", "64", "--max_length", "1024"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     samples = killed / "samples.jsonl"

@@ -107,7 +107,7 @@ def test_data_arguments_choose_the_source_columns_and_the_rows_kept(tmp_path):
         max_train_samples=2,
     )
     assert (data.row_limit("train"), data.row_limit("test")) == (2, None)
-    problems = load_problems(data, limit=data.row_limit("train"))
+    problems = load_problems(data)  # the training split, max_train_samples rows
     assert list(problems["answer"]) == ["1", "2"] and "What is 1 + 1?" in problems["prompt"][1][0]["content"]
     for bad, message in [
         ({}, "dataset_name is required"),

@@ -28,7 +28,7 @@ OWNER["attention"] = "parallel_r1/rollout/arguments.py:ParallelArguments"
 OWNER["prompt_template"] = "parallel_r1/data/arguments.py:PromptArguments"
 OWNER.update(
     question_column="parallel_r1/data/arguments.py:ColumnArguments",
-    max_train_samples="parallel_r1/data/arguments.py:DataArguments",
+    max_train_samples="parallel_r1/data/sources.py:DataArguments",
 )
 OWNER["answer_column"] = "parallel_r1/data/arguments.py:ColumnArguments"
 
@@ -119,8 +119,16 @@ def test_a_model_that_recorded_an_old_name_is_read_under_the_new_one(tmp_path):
     )
 
 
+def test_a_model_that_recorded_an_old_value_is_read_with_the_new_one(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"parallel_r1": {"attention": "causal", "rollout_mode": "trl"}}))
+    assert read_settings(str(tmp_path)).rollout_mode == "plain"
+
+
 @pytest.mark.parametrize("values", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5)])
-def test_bad_sampling_is_refused_by_evaluation_and_the_cold_start(tmp_path, values):
+def test_bad_sampling_is_refused_by_evaluation_generation_and_the_cold_start(tmp_path, values):
+    generate = runpy.run_path(str(ROOT / "scripts" / "generate.py"))
+    with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
+        generate["GenerateArguments"](model_name_or_path="m", **values)
     with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):
         EvaluationConfig(output_dir=str(tmp_path), **values)
     with pytest.raises(ValueError, match="temperature must be >= 0 and top_p in"):

@@ -5,7 +5,7 @@
 
 `config` (the recipe's keys), `teachers` (transformers, offline vLLM, OpenAI-compatible servers), `filters` (the
 rules and the normalisation), `report` (figures, markdown, plot), `pipeline` (the resumable run). Importing the
-package is light: the rest loads on first use.
+package loads only its config (and TRL's `ScriptArguments`, which the config extends); the rest loads on first use.
 """
 
 from .config import ColdStartConfig

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..data.arguments import DataArguments, PromptArguments
+from ..data.arguments import PromptArguments
+from ..data.sources import DataArguments
 from ..docstrings import document_parameters
 from ..rollout.arguments import SamplingArguments, VLLMArguments
 

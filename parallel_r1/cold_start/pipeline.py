@@ -42,8 +42,7 @@ SAMPLES = "samples.jsonl"
 
 def generate_cold_start(config: ColdStartConfig) -> dict:
     folder = Path(config.output_dir)
-    split = config.dataset_train_split
-    problems = load_problems(config, split, template=config.prompt_template, limit=config.row_limit(split))
+    problems = load_problems(config, template=config.prompt_template)  # the training split, max_train_samples rows
     questions = {
         row["id"]: {"problem": problem_text(row["prompt"]), "reference": extract_reference(row["answer"])}
         for row in problems

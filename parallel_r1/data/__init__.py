@@ -40,7 +40,7 @@ def __getattr__(name: str):
 
         return getattr(loaders, name)
     if name in _ARGUMENTS:
-        from . import arguments
+        from . import sources
 
-        return getattr(arguments, name)
+        return getattr(sources, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

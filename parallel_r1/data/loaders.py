@@ -31,7 +31,7 @@ from .prompts import PROMPT_MARKER, TEMPLATES, build_prompt, check_template
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from .arguments import DataArguments, SFTDataArguments
+    from .sources import DataArguments, SFTDataArguments
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +149,11 @@ def load_problems(
     data: DataArguments, split: str | None = None, *, template: str = "parallel", limit: int | None = None
 ) -> Dataset:
     """Problems of `split` (default: `data.dataset_train_split`) of `data`'s source as columns `prompt` (one chat user
-    turn), `answer` and `id`; `limit` caps the rows (`data.row_limit(split)` is what a training split keeps)."""
-    _check_options(template, limit)
+    turn), `answer` and `id`; `limit` caps the rows (default: `data.row_limit(split)`, `max_train_samples` on the
+    training split)."""
     split = split or data.dataset_train_split
+    limit = data.row_limit(split) if limit is None else limit
+    _check_options(template, limit)
     return to_problems(
         read_source(data.dataset_name, split, data.dataset_config),
         question_column=data.question_column,
@@ -166,9 +168,10 @@ def load_sft_traces(
     data: SFTDataArguments, split: str | None = None, *, template: str = "parallel", limit: int | None = None
 ) -> Dataset:
     """Cold-start traces of `split` (default: `data.dataset_train_split`) of `data`'s source as TRL conversational
-    prompt-completion rows (see `to_sft_traces`); `limit` caps the rows."""
-    _check_options(template, limit)
+    prompt-completion rows (see `to_sft_traces`); `limit` caps the rows (default: `data.row_limit(split)`)."""
     split = split or data.dataset_train_split
+    limit = data.row_limit(split) if limit is None else limit
+    _check_options(template, limit)
     return to_sft_traces(
         read_source(data.dataset_name, split, data.dataset_config),
         question_column=data.question_column,

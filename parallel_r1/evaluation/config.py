@@ -22,6 +22,9 @@ ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(RecordedRolloutArgumen
 @document_parameters
 @dataclass(kw_only=True)
 class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArguments):
+    """What `scripts/evaluate.py` samples and how: the benchmarks, the rollout (each setting unset until filled from
+    what the model recorded: `RecordedRolloutArguments`), the sampling and the backend."""
+
     output_dir: str = field(metadata={"help": "Folder of results.json, table.md, completions.jsonl and shards/."})
     benchmarks: list[str] = field(
         default_factory=lambda: ["aime24@16", "aime25@16", "amc23@16", "math500@1"],

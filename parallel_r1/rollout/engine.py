@@ -58,7 +58,8 @@ class EngineTokens:
 
     @classmethod
     def of(cls, tokenizer, eos_ids, vocab: TagVocab | None = None) -> EngineTokens:
-        """The engine's tokens of `tokenizer`; `vocab` when the caller has read it already (`tags.tokens.tag_vocab`)."""
+        """The engine's tokens of `tokenizer`; `vocab` when the caller has read it already
+        (`tags.tokens.tag_vocab`)."""
         separator = tokenizer.encode(SEPARATOR, add_special_tokens=False)
         return cls(vocab or tag_vocab(tokenizer), frozenset(eos_ids), tuple(separator))
 

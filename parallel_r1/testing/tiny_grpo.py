@@ -1,4 +1,4 @@
-"""The smallest GRPO run the tests and benchmarks train: four arithmetic prompts, a reward with spread in every group,
+"""The smallest GRPO run the tests train: four arithmetic prompts, a reward with spread in every group,
 and settings that take a few seconds a step on a CPU with the tiny model (`testing.tiny`)."""
 
 from __future__ import annotations
