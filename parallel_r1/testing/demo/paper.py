@@ -41,6 +41,7 @@ PAPER = {
 RL_RUNS = ("grpo-plain", "r1-seen", "r1-unseen-s1", "r1-unseen-s2", "r1-unseen-tiered", "mid-training")
 PARALLEL_RUNS = ("r1-seen", "r1-unseen-s1", "r1-unseen-s2")
 WELL_BELOW = 20.0  # points under the SFT ratio that count as "well below" for accuracy-only RL
+MIN_DRIFT = 0.05  # how much later (positions run 0 to 1 over the answer) a block must end up to count as moved
 POSITION_KEY = "parallel/block_position"
 RATIO_KEY = "parallel/ratio"
 
@@ -100,7 +101,7 @@ def findings(results: dict, drifts: dict, records: dict) -> list[tuple[str, bool
     m_best, m_plain = mean[best][0], mean["grpo-plain"][0]
     margin, se_margin = (100 * v for v in paired_difference(records[best], records["grpo-plain"]))
     s1, s2, tiered = ratio["r1-unseen-s1"], ratio["r1-unseen-s2"], ratio["r1-unseen-tiered"]
-    later = {label: d for label, d in drifts.items() if d[1] > d[0]}
+    later = {label: d for label, d in drifts.items() if d[1] - d[0] >= MIN_DRIFT}
     mid = mean["mid-training"][0]
     return [
         (
@@ -119,7 +120,7 @@ def findings(results: dict, drifts: dict, records: dict) -> list[tuple[str, bool
             f"parallel % accuracy {s1:.1f}, alternating {s2:.1f}, tiered {tiered:.1f} (SFT {ratio['sft-unseen']:.1f})",
         ),
         (
-            "4. The block moves later in the answer over RL, in at least one run",
+            f"4. The block moves later in the answer over RL (by at least {MIN_DRIFT:.2f}), in at least one run",
             bool(later),
             ", ".join(f"{label} {a:.2f} -> {b:.2f}" for label, (a, b) in drifts.items()) or "no run opened blocks",
         ),
