@@ -65,9 +65,11 @@ def _rewrite_final_answer(text: str, reference: str) -> str:
     `Final Answer: <reference>` (the official training data spells every answer as its reference does: `$18.00`
     became `18`); the whitespace after it is kept."""
     line = final_answer_line(text)
-    if line is None or any(tag in text[line[0] :] for tag in TAGS):
+    if line is None:
         return text
     start, end, _ = line
+    if any(tag in text[start:] for tag in TAGS):
+        return text
     return text[:start] + f"{FINAL_ANSWER} {reference}" + text[end:]
 
 

@@ -122,7 +122,7 @@ class _CompletionSource:
     """Completions (ids, finish) for prompts, with the configured rollout and backend."""
 
     def __init__(self, config: EvaluationConfig, model_args, tokenizer, vocab, state):
-        self.config, self.tokenizer, self.vocab = config, tokenizer, vocab
+        self.config, self.tokenizer = config, tokenizer
         path = model_args.model_name_or_path
         self.eos = eos_ids(tokenizer, _generation_config(path, model_args.model_revision))
         self.model = self.llm = self.client = None

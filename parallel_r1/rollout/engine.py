@@ -61,7 +61,11 @@ class EngineTokens:
         """The engine's tokens of `tokenizer`; `vocab` when the caller has read it already
         (`tags.tokens.tag_vocab`)."""
         separator = tokenizer.encode(SEPARATOR, add_special_tokens=False)
-        return cls(vocab or tag_vocab(tokenizer), frozenset(eos_ids), tuple(separator))
+        return cls(vocab if vocab is not None else tag_vocab(tokenizer), frozenset(eos_ids), tuple(separator))
+
+    def grammar(self, max_blocks: int) -> Grammar:
+        """The tag grammar over these tokens: what the engine samples under and the training forward re-applies."""
+        return Grammar(self.vocab, self.eos_ids, max_blocks)
 
 
 @dataclass
@@ -91,7 +95,7 @@ class ForkJoinEngine:
             raise ValueError(f"the engine samples rollout_mode {ENGINE_MODES}, not {config.rollout_mode!r}")
         self.backend, self.config = backend, config
         self.tag = tokens.vocab.ids
-        self.grammar = Grammar(tokens.vocab, tokens.eos_ids, config.max_blocks)
+        self.grammar = tokens.grammar(config.max_blocks)
         self.separator = list(tokens.separator_ids)
         self._after = {"main": self._after_main, "paths": self._after_paths, "summary": self._after_summary}
 

@@ -35,7 +35,7 @@ from ..evaluation.callback import InTrainingEvaluation
 from ..rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
-from ..tags.grammar import Grammar, GrammarForward
+from ..tags.grammar import GrammarForward
 from ..tags.language import parse, stats
 from ..tags.tokens import has_parallel_tokens, tag_ids, tag_vocab
 from .card import ModelCardMixin
@@ -88,12 +88,13 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         self.tag_vocab = tag_vocab(self._tokenizer) if has_parallel_tokens(self._tokenizer) else None
         if uses_engine and self.tag_vocab is None:
             tag_ids(self._tokenizer)  # raises, naming the missing tags
-        self.grammar = Grammar(self.tag_vocab, frozenset(self.eos_token_ids), args.max_blocks) if uses_engine else None
-        if args.attention != "causal":
-            check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self.engine_tokens = (
             EngineTokens.of(self._tokenizer, self.eos_token_ids, self.tag_vocab) if uses_engine else None
         )
+        # the rule the engine samples under, re-applied by the log-prob forward: one Grammar from the same tokens
+        self.grammar = self.engine_tokens.grammar(args.max_blocks) if uses_engine else None
+        if args.attention != "causal":
+            check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
             self.add_callback(InTrainingEvaluation(self, args.parallel_eval_benchmarks, args.parallel_eval_problems))
