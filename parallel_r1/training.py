@@ -141,12 +141,17 @@ def _load_kwargs(model_args, training_args) -> dict:
     return {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code}
 
 
-def release_process_group() -> None:
-    """End a script launched on several processes by destroying its process group. Left to the interpreter's exit,
-    gloo's worker threads can abort a process after its model is saved ("terminate called without an active
-    exception"), and the launcher then reports the whole run as failed. A single process keeps its group: an
+def release_process_group(trainer) -> None:
+    """End a script launched on several processes: free the `trainer`'s engine, then destroy the process group.
+    Left to the interpreter's exit, the group and whatever still references its work (a DeepSpeed engine, for one)
+    are torn down after Python is, and a process can abort after its model is saved ("terminate called without an
+    active exception"); the launcher then reports the whole run as failed. A single process keeps its group: an
     in-process caller (a test, a notebook) may still use it."""
+    import gc
+
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and dist.is_initialized():
+        trainer.accelerator.free_memory()  # destroys a DeepSpeed engine and drops accelerate's references
+        gc.collect()
         dist.destroy_process_group()

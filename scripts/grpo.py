@@ -46,6 +46,7 @@ def load_split(script_args, training_args, tokenizer, split):
 
 
 def main(script_args, training_args, model_args, recipe: str | None = None):
+    """GRPO as the arguments say, saved; returns the trainer (the caller releases its processes)."""
     from trl import get_peft_config
 
     from parallel_r1.rewards import get_reward_funcs
@@ -71,6 +72,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
     )
     settings = RolloutArguments.from_fields(training_args)
     train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
+    return trainer
 
 
 def cli() -> None:
@@ -82,8 +84,8 @@ def cli() -> None:
     from parallel_r1.training import release_process_group, setup_logging
 
     setup_logging(training_args)
-    main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
-    release_process_group()
+    trainer = main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
+    release_process_group(trainer)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def load_traces(script_args, training_args, tokenizer, split):
 
 
 def main(script_args, training_args, model_args, recipe: str | None = None):
+    """SFT as the arguments say, saved; returns the trainer (the caller releases its processes)."""
     from dataclasses import replace
 
     from trl import get_peft_config
@@ -53,6 +54,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
     mode = "sequential" if training_args.attention == "causal" else "fork"  # the exact rollout of the variant
     settings = replace(RolloutArguments.from_fields(training_args), rollout_mode=mode)
     train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
+    return trainer
 
 
 def cli() -> None:
@@ -64,8 +66,8 @@ def cli() -> None:
     from parallel_r1.training import release_process_group, setup_logging
 
     setup_logging(training_args)
-    main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
-    release_process_group()
+    trainer = main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
+    release_process_group(trainer)
 
 
 if __name__ == "__main__":
