@@ -18,11 +18,13 @@ from parallel_r1.answers import extract_answer, final_answer, is_correct
 from parallel_r1.cold_start import ColdStartConfig, generate_cold_start
 from parallel_r1.data import DataArguments, build_prompt, load_problems
 from parallel_r1.data.loaders import problem_text
-from parallel_r1.tags.language import parse
+from parallel_r1.tags.language import parse, stats
+from parallel_r1.testing.demo import task
 from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
 from parallel_r1.testing.demo.task import (
     EASY_MAX,
     NUM_PATHS,
+    TEACHER_LATE,
     TEACHER_MALFORMED,
     TEACHER_PLAIN,
     TEACHER_SLIP,
@@ -73,17 +75,37 @@ def test_the_summary_states_the_vote_and_outvotes_a_lone_slip():
     assert problem.plain_solution(slip=-6) == "7*8=50\n3*4=12\n50+12=62\nFinal Answer: 62"
 
 
-def test_the_teacher_is_seeded_and_mixes_plain_and_block_answers_at_its_stated_rates():
+def test_a_late_block_checks_a_working_whose_result_votes_and_wins_a_tie():
+    problem = Problem(7, 8, 3, 4)
+    late = problem.parallel_trace((0, 0, 0), first=0)
+    assert late.startswith("7*8=56\n3*4=12\n56+12=68\n<Parallel><Path>7*8=56")
+    parsed = parse(late)
+    assert parsed.well_formed and len(parsed.blocks[0].paths) == NUM_PATHS
+    assert 0 < stats(parsed).block_positions[0] < 0.5  # a fifth of the way in
+    assert extract_answer(problem.parallel_trace((2, 2, 0), first=0)) == "68"  # two against two: the working's
+    assert extract_answer(problem.parallel_trace((2, 3, 4), first=0)) == "68"  # no majority: the working's
+    assert extract_answer(problem.parallel_trace((0, 0, 0), first=5)) == "68"  # a slipped working outvoted
+    assert extract_answer(problem.parallel_trace((2, 2, 0), first=2)) == "70"  # the working and two slips
+
+
+@pytest.mark.parametrize("late_share", [TEACHER_LATE, 0.45])  # the demo's, and the late-block experiment's
+def test_the_teacher_is_seeded_and_mixes_plain_early_and_late_block_answers_at_its_stated_rates(
+    late_share, monkeypatch
+):
+    monkeypatch.setattr(task, "TEACHER_LATE", late_share)
     messages = build_prompt("7*8+3*4", "none")
     assert teacher(messages, 5) == teacher(messages, 5)
     answers = [teacher(messages, seed) for seed in range(3000)]
     plain = [a for a in answers if "<Parallel>" not in a]
+    late = [a for a in answers if "<Parallel>" in a and not a.startswith("<Parallel>")]
     assert abs(len(plain) / 3000 - TEACHER_PLAIN) < 0.02
+    assert abs(len(late) / 3000 - late_share) < 0.03
     blocks = [a for a in answers if "<Parallel>" in a]
     malformed = sum(not parse(a).well_formed for a in blocks)
     assert abs(malformed / len(blocks) - TEACHER_MALFORMED) < 0.02
     assert all(len(parse(a).blocks[0].paths) == NUM_PATHS for a in blocks)
-    attempts = [path.split("</Path>")[0] for a in blocks for path in a.split("<Path>")[1:]] + plain
+    workings = [a.split("<Parallel>")[0] for a in late] + plain
+    attempts = [path.split("</Path>")[0] for a in blocks for path in a.split("<Path>")[1:]] + workings
     slipped = sum("7*8=56" not in attempt for attempt in attempts)
     assert abs(slipped / len(attempts) - TEACHER_SLIP) < 0.02  # each attempt slips on its own
     with pytest.raises(ValueError, match="not a demo problem"):

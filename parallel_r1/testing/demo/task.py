@@ -21,6 +21,10 @@ attempts slip now and then (a product off by one to nine): the summary's vote ou
 whose vote is wrong is rejected by the cold-start filters, as a model teacher's wrong answer would be. Now and then
 it leaves out `</Summary>` (a malformed trace for the filters).
 
+A third kind of answer is off by default (`TEACHER_LATE = 0`): a plain working first, then a block whose paths check
+it (the paper's late, verification block; the working's result counts in the vote and wins a tie). With 45% of
+answers so, SFT keeps the plain habit, but RL moved the blocks earlier, not later (docs/demo.md, "Designs tried").
+
 Problems are easy when the answer is at most `EASY_MAX`, hard otherwise. The cold start asks about problems of any
 difficulty, RL trains on hard ones, and the held-out test problems are hard ones that no training file holds.
 """
@@ -38,6 +42,7 @@ from pathlib import Path
 EASY_MAX = 40  # an easy problem has an answer of at most this
 NUM_PATHS = 3  # independent attempts in a teacher's block
 TEACHER_PLAIN = 0.15  # share of teacher answers with no block (the plain habit stays alive after SFT)
+TEACHER_LATE = 0.0  # share of teacher answers that work the problem out first, then check it in a block
 TEACHER_SLIP = 0.1  # chance that one attempt of the teacher gets its first product wrong
 TEACHER_MALFORMED = 0.05  # share of teacher traces with no </Summary>
 _PROBLEM = re.compile(r"^\s*([1-9])\*([1-9])\+([1-9])\*([1-9])\s*$")
@@ -79,15 +84,22 @@ class Problem:
         lines, result = self.working(slip)
         return f"{lines}\nFinal Answer: {result}"
 
-    def parallel_trace(self, slips: tuple[int, ...] = (0,) * NUM_PATHS, close_summary: bool = True) -> str:
+    def parallel_trace(
+        self, slips: tuple[int, ...] = (0,) * NUM_PATHS, close_summary: bool = True, first: int | None = None
+    ) -> str:
         """A block of one attempt a path (`slips`: each one's mistake, 0 for none), a summary that states the result
-        most of them reached (the first of them on a tie), and that as the answer line."""
+        most of them reached (the first of them on a tie), and that as the answer line. With `first` (its slip), a
+        plain working comes before the block, whose paths then check it: its result counts in the vote and wins a
+        tie."""
         attempts = [self.working(slip) for slip in slips]
-        results = [result for _, result in attempts]
+        lead, results = "", [result for _, result in attempts]
+        if first is not None:
+            lines, result = self.working(first)
+            lead, results = f"{lines}\n", [result, *results]
         vote = majority(results)
         paths = "".join(f"<Path>{lines}</Path>" for lines, _ in attempts)
         end = "</Summary>" if close_summary else ""
-        return f"<Parallel>{paths}</Parallel>\n<Summary>Final Answer: {vote}{end}"
+        return f"{lead}<Parallel>{paths}</Parallel>\n<Summary>Final Answer: {vote}{end}"
 
 
 def majority(values: list[int]) -> int:
@@ -101,10 +113,10 @@ def all_problems() -> list[Problem]:
 
 
 def teacher(messages: list, seed: int) -> str:
-    """The cold-start teacher (`backend: function`): for the problem in the last user turn, a plain solution one time
-    in `1 / TEACHER_PLAIN`, otherwise a block of `NUM_PATHS` attempts voted on in the summary; each attempt slips
-    (off by one to nine) with chance `TEACHER_SLIP`, and a trace now and then leaves `</Summary>` out. Seeded by
-    the request."""
+    """The cold-start teacher (`backend: function`): for the problem in the last user turn, a plain solution with
+    chance `TEACHER_PLAIN`, a working checked by a block with chance `TEACHER_LATE`, otherwise a block first; a
+    block has `NUM_PATHS` attempts voted on in the summary. Each attempt slips (off by one to nine) with chance
+    `TEACHER_SLIP`, and a trace now and then leaves `</Summary>` out. Seeded by the request."""
     from ...data.loaders import problem_text
 
     problem = Problem.parse(problem_text(messages))
@@ -113,10 +125,12 @@ def teacher(messages: list, seed: int) -> str:
     def slip() -> int:
         return rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
 
-    if rng.random() < TEACHER_PLAIN:
+    kind = rng.random()
+    if kind < TEACHER_PLAIN:
         return problem.plain_solution(slip())
+    first = slip() if kind < TEACHER_PLAIN + TEACHER_LATE else None
     slips = tuple(slip() for _ in range(NUM_PATHS))
-    return problem.parallel_trace(slips, close_summary=rng.random() >= TEACHER_MALFORMED)
+    return problem.parallel_trace(slips, close_summary=rng.random() >= TEACHER_MALFORMED, first=first)
 
 
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
