@@ -46,7 +46,7 @@ format: install
 # The main job on the embedded default: the method in miniature against its baseline on the demo task (scripts/demo.py):
 # pretrain a 0.6M-parameter base, add the tags, cold-start traces, SFT (Unseen), GRPO without blocks from the base and
 # Parallel-R1 (fork-join rollouts, S2) from the SFT model with the same budget, then evaluate all four on held-out
-# problems (outputs/demo/results/: table.md, votes.md and plots). 2 CPU cores, 15-18 min with the install.
+# problems (outputs/demo/results/: table.md, votes.md and plots). 2 CPU cores, about 15 min with the install.
 demo: install
 	$(PY) scripts/demo.py
 
