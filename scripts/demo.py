@@ -259,7 +259,7 @@ def main(argv=None) -> None:
         "--rl_steps",
         type=int,
         default=None,
-        help="GRPO steps of every RL run, the same for all (default: the recipes' 120); 360 takes about 35 minutes",
+        help="GRPO steps of every RL run, the same for all (default: the recipes' 120); 360 takes about 40 minutes",
     )
     args = parser.parse_args(argv)
     if args.rl_steps is not None and args.rl_steps < 2:

@@ -4,6 +4,7 @@ of scripts/demo.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_a_late_block_checks_a_working_whose_result_votes_and_wins_a_tie():
     assert late.startswith("7*8=56\n3*4=12\n56+12=68\n<Parallel><Path>7*8=56")
     parsed = parse(late)
     assert parsed.well_formed and len(parsed.blocks[0].paths) == NUM_PATHS
-    assert 0 < stats(parsed).block_positions[0] < 0.5  # a fifth of the way in
+    assert stats(parsed).block_positions[0] == late.index("<Parallel>") / len(late)  # after the working (characters)
     assert extract_answer(problem.parallel_trace((2, 2, 0), first=0)) == "68"  # two against two: the working's
     assert extract_answer(problem.parallel_trace((2, 3, 4), first=0)) == "68"  # no majority: the working's
     assert extract_answer(problem.parallel_trace((0, 0, 0), first=5)) == "68"  # a slipped working outvoted
@@ -110,6 +111,14 @@ def test_the_teacher_is_seeded_and_mixes_plain_early_and_late_block_answers_at_i
     assert abs(slipped / len(attempts) - TEACHER_SLIP) < 0.02  # each attempt slips on its own
     with pytest.raises(ValueError, match="not a demo problem"):
         teacher(build_prompt("what is 2+2?", "none"), 0)
+
+
+def test_the_default_teacher_writes_the_traces_it_wrote_before_the_late_kind_existed():
+    """With `TEACHER_LATE = 0` no extra draw is made: the digest of 938 traces (every 7th problem, a seed each) as the
+    teacher of commit 525e2cd wrote them, before `TEACHER_LATE`."""
+    assert TEACHER_LATE == 0
+    traces = [teacher(build_prompt(p.text, "none"), seed) for seed, p in enumerate(all_problems()[::7])]
+    assert hashlib.sha256("\x00".join(traces).encode()).hexdigest()[:16] == "1eef77e4f0795c73"
 
 
 def test_the_splits_hold_out_hard_problems_that_no_training_file_has(tmp_path):
