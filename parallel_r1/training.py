@@ -143,11 +143,12 @@ def _load_kwargs(model_args, training_args) -> dict:
 
 def release_process_group(trainer) -> None:
     """End a script launched on several processes: destroy the `trainer`'s DeepSpeed engine (its hooks and optimizer
-    state; accelerate's `free_memory`), then the process group. A ZeRO-3 run once aborted on one process after its
-    model was saved ("terminate called without an active exception": seen once in CI, not reproduced in 5 launches
-    here), and the launcher then reports the whole run as failed; this leaves as little communication state
-    as it can to the interpreter's exit. The group is destroyed even if the engine's teardown fails. A single process
-    keeps its group: an in-process caller (a test, a notebook) may still use it."""
+    state; accelerate's `free_memory`), then the process group, even if the engine's teardown fails. Left to the
+    interpreter's exit, a ZeRO-3 process can abort after its model is saved ("terminate called without an active
+    exception": in 2 of 4 CI runs before the group was destroyed here, in 1 since; not reproduced in 5 launches on
+    the same machine), and the launcher then reports the whole run as failed; this leaves as little communication
+    state as it can to that exit. A single process keeps its group: an in-process caller (a test, a notebook) may
+    still use it."""
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and dist.is_initialized():
