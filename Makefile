@@ -51,7 +51,7 @@ demo: install
 	$(PY) scripts/demo.py
 
 # Every row and experiment of the paper in miniature from one base (Seen and Unseen SFT and RL, S1, S2, the tiered
-# ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 45 minutes.
+# ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 30 minutes.
 demo-paper: install
 	$(PY) scripts/demo.py --paper --output_dir outputs/demo-paper
 

@@ -2,7 +2,7 @@
 run as a user would run it at scale, on the task of `parallel_r1.testing.demo.task`.
 
     python scripts/demo.py                      # make demo: the method against its baseline (13-14 min, ~15 with the install)
-    python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (about 45 min)
+    python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (about 30 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
