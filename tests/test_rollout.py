@@ -1,5 +1,8 @@
 """The fork-join engine on the transformers backend: exact, masked, budgeted, any K."""
 
+import hashlib
+import json
+
 import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
@@ -179,3 +182,28 @@ def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):
         EngineTokens(vocab, frozenset([tokenizer.eos_token_id]), tuple(tokenizer.encode("--")))
     tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
     assert tokenizer.decode(tokens.separator_ids) == "\n" and tokens.vocab is vocab
+
+
+FIXED_WIDTH_RUNS = {
+    "isolated-fork-2": dict(attention="isolated", rollout_mode="fork"),
+    "isolated-fork-3": dict(attention="isolated", rollout_mode="fork", num_paths=3),
+    "tree-fork-2": dict(attention="tree", rollout_mode="fork"),
+    "causal-sequential-3": dict(attention="causal", rollout_mode="sequential", num_paths=3),
+}
+
+
+def test_fixed_width_rollouts_are_those_of_the_engine_before_chosen_widths(tag_prone):
+    """A guard: each fixed-width run samples, token for token, what the engine sampled before the model could choose
+    a block's width (digests of the completion ids and masks at a9d702e)."""
+    digests = {}
+    for name, settings in FIXED_WIDTH_RUNS.items():
+        rollouts = engine(tag_prone, max_completion_length=200, **settings).generate(prompts(tag_prone[2]))
+        assert sum(r.blocks for r in rollouts) >= 2
+        text = json.dumps([[r.completion_ids, r.env_mask] for r in rollouts])
+        digests[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert digests == {
+        "isolated-fork-2": "33869a720ffdc355",
+        "isolated-fork-3": "433d6e09fb972d6f",
+        "tree-fork-2": "17a28b083cf7f9ca",
+        "causal-sequential-3": "e29bf02c0c4bb930",
+    }
