@@ -216,7 +216,7 @@ def report(runs: list[dict], script: float | None, args, command: str) -> str:
         "",
         f"Model: `parallel_r1.testing.tiny` with `tag_prone=True` (hidden 64, 2 layers, float32, SDPA), saved to a temporary "
         f"folder. Settings: `{RECIPE.relative_to(ROOT)}` (rollout_mode {settings['rollout_mode']}, attention "
-        f"{settings['attention']}, {settings['num_paths']} paths, at most {settings['max_blocks']} blocks, budgets "
+        f"{settings['attention']}, {settings['min_paths']}-{settings['max_paths']} paths, at most {settings['max_blocks']} blocks, budgets "
         f"path {settings['max_path_tokens']} / summary {settings['max_summary_tokens']} / completion "
         f"{settings['max_completion_length']} tokens, temperature {settings['temperature']}, seed "
         f"{settings['seed']}), on the first {args.problems} problems of {', '.join(args.benchmarks)}; each run is "

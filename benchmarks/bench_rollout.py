@@ -314,7 +314,8 @@ def measure(runner, prompts, k: int, path_tokens: int, args) -> dict:
     config = RolloutArguments(
         rollout_mode="fork",
         attention="isolated",
-        num_paths=k,
+        min_paths=k,
+        max_paths=k,
         max_blocks=1,
         max_path_tokens=path_tokens,
         max_summary_tokens=args.summary_tokens,

@@ -2,8 +2,8 @@
 
 Training writes them into the model's config (`config.parallel_r1`, saved in config.json and in every checkpoint's)
 and, for a PEFT adapter folder, which has no config.json, into `parallel_r1.json` beside it. Reading them back
-gives `RolloutArguments`: what the model recorded, under the new name where a setting was renamed, and the
-defaults where it recorded nothing.
+gives `RolloutArguments`: what the model recorded, under the new name where a setting was renamed (a recorded
+`num_paths: K` is `min_paths = max_paths = K`), and the defaults where it recorded nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def recorded_settings(model_path: str, revision: str | None = None) -> dict:
         )
     values = asdict(RolloutArguments())
     for key, value in (recorded or {}).items():
+        if key == "num_paths":  # a fixed width, recorded before the model could choose one
+            values.update(min_paths=value, max_paths=value)
+            continue
         name = RENAMED_KEYS.get(key, key)
         if name in values:
             values[name] = RENAMED_VALUES.get((name, value), value)

@@ -7,6 +7,13 @@ The rule (docs/paper.md, Seen and Unseen), for the completion part of a sequence
 - Every path of a block restarts its positions at pos(`<Parallel>`) + 1 (a path's whitespace lead, if
   any, is part of the path). The first token after the paths gets pos(`<Parallel>`) + longest path + 1,
   where a path's length counts its lead and its tags. The prompt and the main text count up by one.
+- A width decision (`language.decision_points`: the token after the k-th `</Path>` of a block, min_paths <= k <
+  max_paths, which the model writes: `<Path>` or `</Parallel>`) reads the context and every path so far, as the
+  summary does. In line it could not: the `</Path>` before it sees its own path only. So it is predicted by a
+  *probe*: one more query token, `</Path>`, at pos(`<Parallel>`) + the longest of the paths so far (where the
+  longest path's `</Path>` is, just before where `</Parallel>` goes), seeing everything before the decision and
+  itself; nothing attends to it. A path the model opened is an isolated path like the others (positions from
+  pos(`<Parallel>`) + 1, blind to its siblings). With `min_paths == max_paths` there is no decision and no probe.
 
 The tree comes from `language.parse`, which reads ids with the same state machine as the rollout
 engine, so a cut completion gets the structure it was sampled with (an unclosed last path is
@@ -28,7 +35,7 @@ from types import SimpleNamespace
 import torch
 
 from .tags.grammar import masked_logps
-from .tags.language import Block, TagVocab, Text, parse
+from .tags.language import MIN_PATHS, PATH_CLOSE, Block, TagVocab, Text, decision_points, parse
 
 SUPPORTED_ATTENTION = ("sdpa",)
 
@@ -65,6 +72,20 @@ def completion_layout(completion_ids, vocab: TagVocab) -> Layout:
         pos = opener + 1 + max((path.length for path in node.paths), default=0)
         pos = run(node.end - node.paths_end, pos)
     return Layout(offsets, block_of, path_of)
+
+
+def probes(completion_ids, vocab: TagVocab, min_paths: int, max_paths: int) -> list[tuple[int, int]]:
+    """(decision index, probe offset) of each width decision of one completion: the probe predicts the token at
+    that index, at that offset from the completion's first position (isolated layout)."""
+    points = set(decision_points(completion_ids, vocab, min_paths, max_paths))
+    if not points:
+        return []
+    offsets, out = completion_layout(completion_ids, vocab).offsets, []
+    for block in parse(completion_ids, vocab).blocks:
+        for k, path in enumerate(block.paths, 1):
+            if path.end in points:
+                out.append((path.end, offsets[block.start] + max(p.length for p in block.paths[:k])))
+    return out
 
 
 def isolated_inputs(
@@ -121,15 +142,121 @@ def isolated_mask(valid: torch.Tensor, block_of: torch.Tensor, path_of: torch.Te
 class IsolatedForward:
     """`model`, called on the isolated structure of the ids it is given (the completion of row i starts at
     column `completion_start[i]`, or at `completion_start` for every row). The trainers pass it where TRL
-    calls the model; the caller's batch keeps its 2-D attention mask, which TRL also reads elsewhere."""
+    calls the model; the caller's batch keeps its 2-D attention mask, which TRL also reads elsewhere.
 
-    def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int):
+    When the rows hold width decisions (`min_paths < max_paths`) each decision's probe is appended to its row and
+    predicts it, as `TreeForward`'s copies do (`PickedForward`); the answer has the shape of the rows given."""
+
+    def __init__(
+        self, model, vocab: TagVocab, completion_start: torch.Tensor | int, min_paths=MIN_PATHS, max_paths=MIN_PATHS
+    ):
         self.model, self.vocab, self.completion_start = model, vocab, completion_start
+        self.min_paths, self.max_paths = min_paths, max_paths
 
     def __call__(self, input_ids, attention_mask, **kwargs):
         structure = isolated_inputs(input_ids, attention_mask, self.completion_start, self.vocab)
-        structure["attention_mask"] = additive(structure["attention_mask"], self.model)
-        return self.model(**{**kwargs, "input_ids": input_ids, **structure})  # the structure wins over given positions
+        found = self._probes(input_ids, attention_mask)
+        if not any(found):
+            structure["attention_mask"] = additive(structure["attention_mask"], self.model)
+            return self.model(**{**kwargs, "input_ids": input_ids, **structure})  # the structure wins
+        layout = self._extended(input_ids, attention_mask, structure, found)
+        return PickedForward(self.model, layout)(input_ids, **kwargs)
+
+    def _probes(self, input_ids, attention_mask) -> list:
+        """Per row: (column predicting the decision, probe position) of each decision."""
+        if self.min_paths >= self.max_paths:
+            return [[] for _ in range(input_ids.size(0))]
+        starts = self.completion_start
+        if isinstance(starts, int):
+            starts = [starts] * input_ids.size(0)
+        found = []
+        for row in range(input_ids.size(0)):
+            valid = torch.nonzero(attention_mask[row].bool(), as_tuple=True)[0].tolist()
+            columns = [c for c in valid if c >= int(starts[row])]
+            completion = input_ids[row, columns].tolist()
+            first = sum(1 for c in valid if c < int(starts[row]))  # the completion's first position
+            points = probes(completion, self.vocab, self.min_paths, self.max_paths)
+            found.append([(columns[d - 1], first + offset) for d, offset in points])
+        return found
+
+    def _extended(self, input_ids, attention_mask, structure: dict, found: list) -> dict:
+        """The rows with their probes after them (`PickedForward`'s layout)."""
+        batch, length = input_ids.shape
+        width = length + max(len(row) for row in found)
+        device = input_ids.device
+        ids = torch.zeros((batch, width), dtype=torch.long, device=device)
+        ids[:, :length] = input_ids
+        positions = torch.zeros((batch, width), dtype=torch.long, device=device)
+        positions[:, :length] = structure["position_ids"]
+        mask = torch.zeros((batch, width, width), dtype=torch.bool, device=device)
+        mask[:, :length, :length] = structure["attention_mask"][:, 0]
+        source = torch.arange(length, device=device).repeat(batch, 1)
+        valid = attention_mask.bool()
+        for row, probes_of_row in enumerate(found):
+            for j, (column, position) in enumerate(probes_of_row):
+                at = length + j
+                ids[row, at], positions[row, at] = self.vocab.ids[PATH_CLOSE], position
+                mask[row, at, : column + 1] = valid[row, : column + 1]  # outside every path: all that came before
+                source[row, column] = at
+        mask |= torch.eye(width, dtype=torch.bool, device=device)
+        return {"input_ids": ids, "position_ids": positions, "attention_mask": mask[:, None], "source": source}
+
+
+class PickedForward:
+    """`model` on extended rows (the rows as written and query tokens after them: tree copies, isolated probes),
+    answering as the model would on the rows as written: `.logits` for their last `logits_to_keep` columns, column q's
+    logits being those of the extended index `source[:, q]`.
+
+    `layout` holds `input_ids`, `position_ids` and a boolean `attention_mask` [B, 1, W, W] over the extended rows,
+    and `source` [B, L]. The backbone runs on the extended rows. A forward pre-hook on the LM head hands it only the
+    rows of hidden states that the kept columns need, so the head, and whatever the model does to its logits after
+    it (Gemma's softcapping, Cohere's or Granite's scaling), run inside the model's own forward, under any wrapper
+    that gathers the head's weights there (DDP, DeepSpeed ZeRO-3, FSDP, PEFT)."""
+
+    def __init__(self, model, layout: dict):
+        self.model, self.layout = model, layout
+
+    def __call__(
+        self, input_ids, attention_mask=None, logits_to_keep: int = 0, labels=None, fused_lm_head=False, **kwargs
+    ):
+        """`.logits` of the kept columns; with `fused_lm_head` (SFTTrainer's call), TRL's fused-head fields instead:
+        per position, the log-prob and entropy of the next label, whether it is the top token, and the label mask."""
+        if fused_lm_head:
+            return _fused(self, input_ids, labels, **kwargs)
+        keep = logits_to_keep or input_ids.size(1)
+        index = self.layout["source"][:, input_ids.size(1) - keep :]
+
+        def pick(head, args):  # the head's input: every extended row -> the rows that predict the kept columns
+            hidden = args[0]
+            return (hidden.gather(1, index[..., None].expand(-1, -1, hidden.size(-1))), *args[1:])
+
+        head = getattr(self.model, "module", self.model).get_output_embeddings()  # through DDP / DeepSpeed wrappers
+        handle = head.register_forward_pre_hook(pick)
+        try:
+            kwargs.update(use_cache=False, logits_to_keep=0)
+            out = self.model(
+                input_ids=self.layout["input_ids"],
+                attention_mask=additive(self.layout["attention_mask"], self.model),
+                position_ids=self.layout["position_ids"],
+                **kwargs,
+            )
+        finally:
+            handle.remove()
+        return SimpleNamespace(logits=out.logits, aux_loss=getattr(out, "aux_loss", None))
+
+
+def _fused(forward, input_ids, labels, **kwargs):
+    """TRL's fused-head fields from `forward`'s logits (float32, chunked)."""
+    out = forward(input_ids, **kwargs)
+    logits, targets = out.logits[:, :-1], labels[:, 1:]
+    label_mask = targets != -100
+    nothing = torch.zeros((*targets.shape, 1), dtype=torch.bool)
+    logps, entropy = masked_logps(logits, targets, nothing, (0,), temperature=1.0)
+    is_top1 = (logits.argmax(-1) == targets) & label_mask
+    return SimpleNamespace(
+        log_probs=logps * label_mask, entropy=entropy * label_mask, is_top1=is_top1, label_mask=label_mask,
+        aux_loss=out.aux_loss,
+    )  # fmt: skip
 
 
 def additive(mask: torch.Tensor, model) -> torch.Tensor:
@@ -165,7 +292,9 @@ def check_attention_implementation(model) -> None:
 # at sequential positions. Its training forward holds the row as written, read causally (the context the join saw),
 # plus a copy of each path but the first of every block, laid out as the isolated path it was sampled as: the copy
 # sees the row through `<Parallel>` and itself, at positions from pos(`<Parallel>`) + 1. A path token is scored from
-# its copy (the first path is its own copy: in line it sees exactly that); every other token from the row.
+# its copy (the first path is its own copy: in line it sees exactly that); every other token from the row. A width
+# decision is scored in line: there it reads the context and the paths so far, as the engine's causal join does, and
+# a path the model opened gets a copy like any other.
 
 
 @dataclass(frozen=True)
@@ -179,18 +308,21 @@ class TreeRow:
     source: list  # per token q of the row as written: the extended index whose logits predict token q + 1
 
 
-def tree_row(ids, completion_start: int, vocab: TagVocab) -> TreeRow:
+def tree_row(ids, completion_start: int, vocab: TagVocab, min_paths=MIN_PATHS, max_paths=MIN_PATHS) -> TreeRow:
     """The tree layout of one unpadded row (prompt + completion, the completion from `completion_start`)."""
     n = len(ids)
     ext_ids, positions, copy, sees_through = list(ids), list(range(n)), [-1] * n, [-1] * n
     source = list(range(n))
     copies = 0
-    for block in parse(list(ids[completion_start:]), vocab).blocks:
+    completion = list(ids[completion_start:])
+    decisions = set(decision_points(completion, vocab, min_paths, max_paths))
+    for block in parse(completion, vocab).blocks:
         opener = completion_start + block.start
         for path in block.paths[1:]:
             first = completion_start + path.start
             for offset in range(path.length):
-                source[first + offset - 1] = opener if offset == 0 else len(ext_ids) - 1
+                if offset or path.start not in decisions:  # a decision stays scored in line
+                    source[first + offset - 1] = opener if offset == 0 else len(ext_ids) - 1
                 ext_ids.append(ids[first + offset])
                 positions.append(opener + 1 + offset)
                 copy.append(copies)
@@ -218,17 +350,15 @@ def tree_mask(rows: list[TreeRow], width: int, device) -> torch.Tensor:
 
 
 class TreeForward:
-    """`model` on the tree layout of the ids it is given, answering as the model would on those ids: `.logits` for
-    the last `logits_to_keep` columns of the original rows, each column's row of logits being the one that predicts
-    the next token of the original row under the tree policy (for a path token: from its isolated copy).
+    """`model` on the tree layout of the ids it is given (`PickedForward` over `tree_row`s), answering as the model
+    would on those ids: each column's logits are those that predict the next token of the original row under the
+    tree policy (for a path token: from its isolated copy)."""
 
-    The backbone runs on the extended rows. A forward pre-hook on the LM head hands it only the rows of hidden
-    states that the kept columns need, so the head, and whatever the model does to its logits after it (Gemma's
-    softcapping, Cohere's or Granite's scaling), run inside the model's own forward, under any wrapper that gathers
-    the head's weights there (DDP, DeepSpeed ZeRO-3, FSDP, PEFT)."""
-
-    def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int):
+    def __init__(
+        self, model, vocab: TagVocab, completion_start: torch.Tensor | int, min_paths=MIN_PATHS, max_paths=MIN_PATHS
+    ):
         self.model, self.vocab, self.completion_start = model, vocab, completion_start
+        self.min_paths, self.max_paths = min_paths, max_paths
 
     def extra_tokens(self, input_ids, attention_mask) -> int:
         """Tokens the copies add to these rows (the layout's cost)."""
@@ -244,51 +374,24 @@ class TreeForward:
             valid = torch.nonzero(attention_mask[r].bool(), as_tuple=True)[0].tolist()
             start = int(starts[r])
             in_prompt = sum(1 for c in valid if c < start)
-            rows.append(tree_row(input_ids[r, valid].tolist(), in_prompt, self.vocab))
+            ids = input_ids[r, valid].tolist()
+            rows.append(tree_row(ids, in_prompt, self.vocab, self.min_paths, self.max_paths))
             columns.append(valid)
         return rows, columns
 
-    def __call__(self, input_ids, attention_mask, logits_to_keep: int = 0, labels=None, fused_lm_head=False, **kwargs):
-        """`.logits` of the kept columns; with `fused_lm_head` (SFTTrainer's call), TRL's fused-head fields instead:
-        per position, the log-prob and entropy of the next label, whether it is the top token, and the label mask."""
-        if fused_lm_head:
-            return self._fused(input_ids, attention_mask, labels, **kwargs)
+    def __call__(self, input_ids, attention_mask, **kwargs):
         device = input_ids.device
         rows, columns = self._rows(input_ids, attention_mask)
         width = max(len(r.ids) for r in rows)
-        pad = 0
-        ext_ids = torch.tensor([r.ids + [pad] * (width - len(r.ids)) for r in rows], device=device)
-        positions = torch.tensor([r.positions + [0] * (width - len(r.positions)) for r in rows], device=device)
-        keep = logits_to_keep or input_ids.size(1)
-        first = input_ids.size(1) - keep
-        index = torch.zeros((len(rows), keep), dtype=torch.long, device=device)
+        source = torch.zeros(input_ids.shape, dtype=torch.long, device=device)
         for r, (row, valid) in enumerate(zip(rows, columns)):
-            for q, column in enumerate(valid):
-                if column >= first:
-                    index[r, column - first] = row.source[q]
-
-        def pick(head, args):  # the head's input: every extended row -> the rows that predict the kept columns
-            hidden = args[0]
-            return (hidden.gather(1, index[..., None].expand(-1, -1, hidden.size(-1))), *args[1:])
-
-        head = getattr(self.model, "module", self.model).get_output_embeddings()  # through DDP / DeepSpeed wrappers
-        handle = head.register_forward_pre_hook(pick)
-        try:
-            kwargs.update(use_cache=False, logits_to_keep=0)
-            mask = additive(tree_mask(rows, width, device), self.model)
-            out = self.model(input_ids=ext_ids, attention_mask=mask, position_ids=positions, **kwargs)
-        finally:
-            handle.remove()
-        return SimpleNamespace(logits=out.logits, aux_loss=getattr(out, "aux_loss", None))
-
-    def _fused(self, input_ids, attention_mask, labels, **kwargs):
-        out = self(input_ids, attention_mask, **kwargs)
-        logits, targets = out.logits[:, :-1], labels[:, 1:]
-        label_mask = targets != -100
-        nothing = torch.zeros((*targets.shape, 1), dtype=torch.bool)
-        logps, entropy = masked_logps(logits, targets, nothing, (0,), temperature=1.0)  # float32, chunked
-        is_top1 = (logits.argmax(-1) == targets) & label_mask
-        return SimpleNamespace(
-            log_probs=logps * label_mask, entropy=entropy * label_mask, is_top1=is_top1, label_mask=label_mask,
-            aux_loss=out.aux_loss,
-        )  # fmt: skip
+            source[r, valid] = torch.tensor(row.source, dtype=torch.long, device=device)
+        layout = {
+            "input_ids": torch.tensor([r.ids + [0] * (width - len(r.ids)) for r in rows], device=device),
+            "position_ids": torch.tensor(
+                [r.positions + [0] * (width - len(r.positions)) for r in rows], device=device
+            ),
+            "attention_mask": tree_mask(rows, width, device),
+            "source": source,
+        }
+        return PickedForward(self.model, layout)(input_ids, **kwargs)

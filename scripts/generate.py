@@ -5,7 +5,7 @@
     python scripts/generate.py --model_name_or_path <model>            # interactive: one problem a line
 
 A file holds one problem a line (.txt) or JSON lines with a `problem` or `question` field (.jsonl). Any rollout
-setting can be overridden (--num_paths 3 ...). Tags are printed whole, in colour on a terminal; --output writes
+setting can be overridden (--max_paths 3 ...). Tags are printed whole, in colour on a terminal; --output writes
 one JSON line a problem (problem, completion with its tags, token ids, blocks, finish).
 Training's own completions are in TRL's logs: `log_completions: true` prints a table every logging step, and with
 `report_to: wandb` they go to a table there.

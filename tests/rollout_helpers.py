@@ -30,18 +30,20 @@ def prompts(tokenizer):
     return [tokenizer.encode(q, add_special_tokens=False) for q in QUESTIONS]
 
 
-def trainer_logprobs(setup, rollout, isolated, max_blocks=4, grammar=True, tree=False):
-    """The log-probs the trainer computes from the ids alone, with the trainer's own forward: structure and
-    grammar (for this `max_blocks`) recomputed from the ids. `grammar=False`: the raw model distribution."""
+def trainer_logprobs(setup, rollout, attention, max_blocks=4, grammar=True, widths=(2, 2)):
+    """The log-probs the trainer computes from the ids alone, with the trainer's own forward: structure (for
+    `attention`: "isolated", "tree", "causal"; True and False mean "isolated" and "causal") and grammar (for this
+    `max_blocks` and `widths`, min and max paths) recomputed from the ids. `grammar=False`: the raw model
+    distribution."""
     _, model, tokenizer, vocab = setup
+    attention = {True: "isolated", False: "causal"}.get(attention, attention)
     ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids], device=model.device)
     start = len(rollout.prompt_ids)
-    forward = IsolatedForward(model, vocab, start) if isolated else model
-    if tree:
-        forward = TreeForward(model, vocab, start)
+    forward = {"isolated": IsolatedForward, "tree": TreeForward}.get(attention)
+    forward = model if forward is None else forward(model, vocab, start, *widths)
     with torch.no_grad():
         if grammar:
-            rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), max_blocks)
+            rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), max_blocks, *widths)
             return GrammarForward(forward, rule, start, temperature=1.0)(ids, torch.ones_like(ids)).log_probs[0]
         logits = forward(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
     logprobs = torch.log_softmax(logits[start - 1 : -1], -1)

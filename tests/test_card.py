@@ -102,7 +102,11 @@ def test_grpo_writes_the_card_at_each_checkpoint_and_its_snippet_samples_the_mod
     text = card.text
     assert rows(text, "Rewards") == {"alternating(accuracy,tiered,window=4,a_steps=3)": "1.0", "well_formed": "0.5"}
     rollout = rows(text, "Rollout settings")
-    assert rollout["rollout_mode"] == "fork" and rollout["max_path_tokens"] == "12" and rollout["num_paths"] == "2"
+    assert (
+        rollout["rollout_mode"] == "fork"
+        and rollout["max_path_tokens"] == "12"
+        and rollout["min_paths"] == rollout["max_paths"] == "2"
+    )
     assert rows(text, "Training")["loss_type"] == "dapo" and rows(text, "Training")["num_generations"] == "4"
     metrics = rows(text, "Last logged metrics")
     assert {"loss", "reward", "parallel/ratio", "rewards/well_formed/mean"} <= set(metrics) and len(metrics) < 16
@@ -140,10 +144,10 @@ def test_hub_ids_are_owner_slash_name_and_not_local(tmp_path, monkeypatch):
 def test_the_evaluation_command_takes_a_neighbouring_recipe_and_the_recorded_settings(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert eval_recipe("recipes/tiny/grpo.yaml") == "recipes/tiny/eval.yaml"
-    seen = {"attention": "causal", "rollout_mode": "sequential", "num_paths": 2}  # the recipe's isolated/fork lose
+    seen = {"attention": "causal", "rollout_mode": "sequential", "max_paths": 2}  # the recipe's isolated/fork lose
     assert eval_command("recipes/Qwen3-4B-Base/sft/seen.yaml", "you/m", seen) == (
         "python scripts/evaluate.py --config recipes/Qwen3-4B-Base/eval/paper.yaml --model_name_or_path you/m"
-        " --attention causal --rollout_mode sequential --num_paths 2"
+        " --attention causal --rollout_mode sequential --max_paths 2"
     )
     assert eval_command(None, "out", None).endswith("--model_name_or_path out")
     assert eval_recipe("recipes/Qwen3-4B-Base/grpo/unseen_s2.yaml") == "recipes/Qwen3-4B-Base/eval/paper.yaml"

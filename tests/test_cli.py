@@ -163,10 +163,12 @@ def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_pron
     model = tmp_path / "model"
     shutil.copytree(tag_prone_dir, model)
     config = json.loads((model / "config.json").read_text())
-    config["parallel_r1"] = {**vars(RolloutArguments(num_paths=3, max_path_tokens=12, max_summary_tokens=6,
+    config["parallel_r1"] = {**vars(RolloutArguments(min_paths=3, max_paths=3, max_path_tokens=12, max_summary_tokens=6,
                                                      max_completion_length=80))}  # fmt: skip
     (model / "config.json").write_text(json.dumps(config))
-    assert read_settings(str(model)).num_paths == 3 and read_settings(str(model), num_paths=4).num_paths == 4
+    assert (
+        read_settings(str(model)).max_paths == 3 and read_settings(str(model), min_paths=4, max_paths=4).min_paths == 4
+    )
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(json.dumps({"problem": q}) + "\n" for q in ["What is 2+2?", "x", "Tell me.", "a b c"]))
     out = tmp_path / "answers.jsonl"
@@ -181,7 +183,7 @@ def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_pron
     vocab = tag_vocab(AutoTokenizer.from_pretrained(model))
     blocks = [b for a in answers for b in parse(a["completion_ids"], vocab).blocks]
     closed = [b for b in blocks if b.closed]
-    assert closed and all(len(b.paths) == 3 for b in closed)  # the recorded num_paths
+    assert closed and all(len(b.paths) == 3 for b in closed)  # the recorded width
     assert any(tag in a["completion"] for a in answers for tag in TAGS)  # tags printed whole
     assert all(len(a["completion_ids"]) <= 80 for a in answers)
     bad = subprocess.run([*command[:4], "--file", str(tmp_path / "none.txt")], cwd=ROOT, capture_output=True,
@@ -216,11 +218,15 @@ def test_a_folder_without_config_json_is_read_offline(tmp_path):
 
     (tmp_path / "adapter" / "adapter_config.json").parent.mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
-    write_settings(str(tmp_path / "adapter"), RolloutArguments(num_paths=5))
-    assert read_settings(str(tmp_path / "adapter"), max_blocks=1) == RolloutArguments(num_paths=5, max_blocks=1)
+    write_settings(str(tmp_path / "adapter"), RolloutArguments(min_paths=5, max_paths=5))
+    assert read_settings(str(tmp_path / "adapter"), max_blocks=1) == RolloutArguments(
+        min_paths=5, max_paths=5, max_blocks=1
+    )
     (tmp_path / "empty").mkdir()
-    assert read_settings(str(tmp_path / "empty"), num_paths=None) == RolloutArguments()
-    assert read_settings(str(tmp_path / "empty"), num_paths=3) == RolloutArguments(num_paths=3)
+    assert read_settings(str(tmp_path / "empty"), min_paths=None, max_paths=None) == RolloutArguments()
+    assert read_settings(str(tmp_path / "empty"), min_paths=3, max_paths=3) == RolloutArguments(
+        min_paths=3, max_paths=3
+    )
 
 
 @pytest.mark.parametrize("script", ["sft", "grpo", "evaluate", "generate_cold_start"])

@@ -1,14 +1,16 @@
 """Reliability drill: adversarial rollouts of the tag-prone tiny model with tiny budgets (transformers backend).
 
 The engine's budget rules (`parallel_r1.rollout.engine`), checked on every completion of a grid of
-modes x num_paths x max_blocks x completion caps x path/summary budgets:
+modes x widths (min_paths, max_paths) x max_blocks x completion caps x path/summary budgets:
 
 - the completion holds at most `max_completion_length` tokens, inserted tokens included (a block that would
   overflow is cut there); it ends on its EOS or is exactly the cap long;
 - a path samples at most `max_path_tokens` tokens (its closer included when sampled), shrunk to the room left
   before the cap less one for its closer, at least one; a path cut by that budget gets an inserted `</Path>`;
   a summary the same with `max_summary_tokens` and `</Summary>`;
-- at most `max_blocks` blocks are opened; every closed block has exactly `num_paths` paths;
+- at most `max_blocks` blocks are opened; every closed block has between `min_paths` and `max_paths` paths; the
+  runtime opens the first `min_paths` (an inserted `<Path>`), the model the others (a sampled `<Path>`), and the
+  model writes `</Parallel>` when it closes a block below `max_paths`;
 - the ids parse (losslessly) to a well-formed completion when it ended on EOS, else to a prefix of one
   (only the last block is unfinished, and it completes with closers and empty paths);
 - the tag grammar holds on every token; inserted tokens carry env_mask 0 and log-prob 0.0, sampled ones 1.
@@ -56,7 +58,7 @@ def _completed(ids: list, parsed, vocab, k: int) -> list:
     if not block.closed:
         if block.paths and not block.paths[-1].closed:
             suffix.append(tag[PATH_CLOSE])
-        suffix += [tag[PATH_OPEN], tag[PATH_CLOSE]] * (k - len(block.paths))
+        suffix += [tag[PATH_OPEN], tag[PATH_CLOSE]] * max(0, k - len(block.paths))
         suffix.append(tag[PARALLEL_CLOSE])
     if block.summary is None:
         suffix.append(tag[SUMMARY_OPEN])
@@ -66,7 +68,8 @@ def _completed(ids: list, parsed, vocab, k: int) -> list:
 def check_rollout(rollout, prompt, config: RolloutArguments, tokenizer, vocab, separator) -> dict:
     """Assert every rule of the module docstring on one rollout; return what it exercised."""
     ids, mask, logprobs = rollout.completion_ids, rollout.env_mask, rollout.logprobs
-    cap, k, eos = config.max_completion_length, config.num_paths, tokenizer.eos_token_id
+    cap, eos = config.max_completion_length, tokenizer.eos_token_id
+    low, high = config.min_paths, config.max_paths
     where = f"{config} prompt={prompt} ids={ids} mask={mask}"
     assert rollout.prompt_ids == prompt, where
     # the completion cap, inserted tokens included; a completion ends on its EOS or at the cap
@@ -84,13 +87,14 @@ def check_rollout(rollout, prompt, config: RolloutArguments, tokenizer, vocab, s
     # the ids parse, losslessly, under the grammar the sampler used
     parsed = parse(ids, vocab)
     assert serialize(parsed, vocab) == tuple(ids), where
-    assert Grammar(vocab, frozenset({eos}), config.max_blocks).violations(ids) == [], where
+    grammar = Grammar(vocab, frozenset({eos}), config.max_blocks, low, high)
+    assert grammar.violations(ids) == [], where
     if rollout.finish == "eos":
         assert parsed.well_formed, (parsed.errors, where)
     else:
         assert {e.code for e in parsed.errors} <= CUT_ERRORS, (parsed.errors, where)
-        assert parse(_completed(ids, parsed, vocab, k), vocab).well_formed, where  # a valid prefix
-    # blocks: at most max_blocks, K paths each, only the last one unfinished (and only at the cap)
+        assert parse(_completed(ids, parsed, vocab, low), vocab).well_formed, where  # a valid prefix
+    # blocks: at most max_blocks, min_paths..max_paths paths each, only the last one unfinished (and only at the cap)
     blocks = parsed.blocks
     closed = [b for b in blocks if b.closed]
     assert len(blocks) <= config.max_blocks, where
@@ -100,24 +104,30 @@ def check_rollout(rollout, prompt, config: RolloutArguments, tokenizer, vocab, s
     for block in blocks[:-1]:
         assert block.closed and block.summary_closed, where
     for block in blocks:
-        assert len(block.paths) == k if block.closed else len(block.paths) <= k, where
+        assert low <= len(block.paths) <= high if block.closed else len(block.paths) <= high, where
         assert block.summary_closed or rollout.finish == "length", where
         assert block.tail == () and mask[block.start] == 1, where
     shape = stats(parsed)
     assert shape.num_blocks == len(blocks) and shape.total == len(ids), where
-    assert all(n == k for n, b in zip(shape.paths_per_block, blocks) if b.closed), where
+    assert shape.paths_per_block == tuple(len(b.paths) for b in blocks), where
     # budgets and masks inside each block
     seen = dict(blocks=len(blocks), cut_blocks=0, forced_paths=0, forced_summaries=0, eos=rollout.finish == "eos")
+    seen["widths"] = {len(b.paths) for b in blocks if b.closed}
     inserted = set()
     for block in blocks:
         seen["cut_blocks"] += not block.summary_closed
-        for path in block.paths:
-            assert path.lead == () and mask[path.open_at] == 0, where
-            inserted.add(path.open_at)
+        for p, path in enumerate(block.paths):
+            chosen = p >= low  # the model opened it: its <Path> is a sampled width decision
+            assert path.lead == () and mask[path.open_at] == int(chosen), where
+            if not chosen:
+                inserted.add(path.open_at)
             body = range(path.open_at + 1, path.end - path.closed)
             assert all(mask[i] == 1 for i in body), where  # nothing is inserted inside a path but its closer
             sampled = sum(mask[path.open_at + 1 : path.end])
-            room = cap - (block.opener_end if config.rollout_mode == "fork" else path.open_at)
+            if chosen:  # decoded alone, after the decision that opened it
+                room = cap - path.open_at - 1
+            else:
+                room = cap - (block.opener_end if config.rollout_mode == "fork" else path.open_at)
             budget = _budget(config.max_path_tokens, room)
             assert len(path.body) <= config.max_path_tokens and sampled <= budget, where
             if path.closed and mask[path.end - 1] == 0:  # a closer forced when the budget ran out
@@ -125,7 +135,10 @@ def check_rollout(rollout, prompt, config: RolloutArguments, tokenizer, vocab, s
                 seen["forced_paths"] += 1
         if block.closed:
             assert block.separator == tuple(separator)[: len(block.separator)], where
-            inserted |= set(range(block.close_at, min(block.close_at + 2 + len(separator), len(ids))))
+            model_closed = len(block.paths) < high  # the model's </Parallel>, a sampled width decision
+            assert mask[block.close_at] == int(model_closed), where
+            first = block.close_at + model_closed
+            inserted |= set(range(first, min(block.close_at + 2 + len(separator), len(ids))))
         if block.summary is not None:
             opener = block.close_at + 1 + len(separator)
             assert ids[opener] == vocab.ids[SUMMARY_OPEN], where
@@ -154,26 +167,27 @@ def run_and_check(tag_prone, kv_reuse="full", seed=0, **config) -> tuple:
     rollout_engine = engine(tag_prone, kv_reuse, 1.0, seed, **config)
     rollouts = rollout_engine.generate(batch)
     assert len(rollouts) == len(batch)
-    totals = dict(blocks=0, cut_blocks=0, forced_paths=0, forced_summaries=0, eos=0)
+    totals = dict(blocks=0, cut_blocks=0, forced_paths=0, forced_summaries=0, eos=0, widths=set())
     for prompt, rollout in zip(batch, rollouts):
         seen = check_rollout(rollout, prompt, rollout_engine.config, tokenizer, vocab, rollout_engine.separator)
         for key, value in seen.items():
-            totals[key] += value
+            totals[key] = totals[key] | value if key == "widths" else totals[key] + value
     return rollouts, totals
 
 
 @pytest.mark.parametrize("max_blocks", [0, 1, 8])
-@pytest.mark.parametrize("k", [2, 3, 8])
+@pytest.mark.parametrize("widths", [(2, 2), (3, 3), (8, 8), (2, 4)])
 @pytest.mark.parametrize("mode, attention", MODES)
-def test_tiny_budgets_hold_on_every_completion(tag_prone, mode, attention, k, max_blocks):
+def test_tiny_budgets_hold_on_every_completion(tag_prone, mode, attention, widths, max_blocks):
     """Every cap in 1..5 (and 8, 13, 40) with path/summary budgets of 1-3: no exception, every rule holds."""
-    totals = dict(blocks=0, cut_blocks=0, forced_paths=0, forced_summaries=0, eos=0)
+    totals = dict(blocks=0, cut_blocks=0, forced_paths=0, forced_summaries=0, eos=0, widths=set())
     for cap in CAPS:
         for max_path_tokens, max_summary_tokens in BUDGETS if max_blocks else BUDGETS[:1]:
             config = dict(
                 rollout_mode=mode,
                 attention=attention,
-                num_paths=k,
+                min_paths=widths[0],
+                max_paths=widths[1],
                 max_blocks=max_blocks,
                 max_completion_length=cap,
                 max_path_tokens=max_path_tokens,
@@ -181,21 +195,23 @@ def test_tiny_budgets_hold_on_every_completion(tag_prone, mode, attention, k, ma
             )
             _, seen = run_and_check(tag_prone, seed=100 * cap + 10 * max_path_tokens + max_summary_tokens, **config)
             for key, value in seen.items():
-                totals[key] += value
+                totals[key] = totals[key] | value if key == "widths" else totals[key] + value
     # the grid is adversarial: it opens blocks, cuts them at the cap, forces closers, and still ends on EOS
     assert totals["eos"] > 0
     if max_blocks:
         assert totals["blocks"] > 0 and totals["cut_blocks"] > 0 and totals["forced_paths"] > 0
+        assert len(totals["widths"]) > 1 if widths[0] < widths[1] else totals["widths"] <= {widths[0]}
     else:
         assert totals["blocks"] == 0
 
 
-@pytest.mark.parametrize("k", [2, 8])
+@pytest.mark.parametrize("widths", [(2, 2), (8, 8), (2, 5)])
 @pytest.mark.parametrize("mode, attention", MODES)
-def test_kv_reuse_changes_nothing_under_tiny_budgets(tag_prone, mode, attention, k):
+def test_kv_reuse_changes_nothing_under_tiny_budgets(tag_prone, mode, attention, widths):
     """Re-prefilling per request or at every token samples the same ids and masks, cut blocks included."""
     for cap in (1, 3, 5, 13, 40):
-        config = dict(rollout_mode=mode, attention=attention, num_paths=k, max_blocks=8, max_completion_length=cap)
+        config = dict(rollout_mode=mode, attention=attention, max_blocks=8, max_completion_length=cap)
+        config.update(min_paths=widths[0], max_paths=widths[1])
         config.update(max_path_tokens=1, max_summary_tokens=1)
         runs = [run_and_check(tag_prone, reuse, seed=cap, **config)[0] for reuse in ("full", "per_request", "none")]
         for full, per_request, naive in zip(*runs):
@@ -203,22 +219,21 @@ def test_kv_reuse_changes_nothing_under_tiny_budgets(tag_prone, mode, attention,
             assert full.env_mask == per_request.env_mask == naive.env_mask, (cap, config)
 
 
-@pytest.mark.parametrize("mode, attention", [("fork", "isolated"), ("sequential", "causal")])
-@pytest.mark.parametrize("k", [2, 8])
-def test_cut_completions_are_trained_as_sampled(tag_prone, mode, attention, k):
+@pytest.mark.parametrize("mode, attention", [("fork", "isolated"), ("sequential", "causal"), ("fork", "tree")])
+@pytest.mark.parametrize("widths", [(2, 2), (8, 8), (2, 4)])
+def test_cut_completions_are_trained_as_sampled(tag_prone, mode, attention, widths):
     """The exact pairs on completions cut inside a block: the trainer's log-probs, recomputed from the ids (structure
     and grammar), are the sampler's on every sampled token."""
     cut = 0
     for cap, max_blocks in ((3, 8), (5, 1), (13, 8), (40, 1), (40, 8)):
-        config = dict(
-            rollout_mode=mode, attention=attention, num_paths=k, max_blocks=max_blocks, max_completion_length=cap
-        )
+        config = dict(rollout_mode=mode, attention=attention, max_blocks=max_blocks, max_completion_length=cap)
+        config.update(min_paths=widths[0], max_paths=widths[1])
         config.update(max_path_tokens=2, max_summary_tokens=1)
         rollouts, seen = run_and_check(tag_prone, seed=cap + max_blocks, **config)
         cut += seen["cut_blocks"]
         for rollout in rollouts:
             sampled = torch.tensor(rollout.env_mask).bool()
-            recomputed = trainer_logprobs(tag_prone, rollout, attention == "isolated", max_blocks)
+            recomputed = trainer_logprobs(tag_prone, rollout, attention, max_blocks, widths=widths)
             expected = torch.tensor(rollout.logprobs)[sampled]
             torch.testing.assert_close(recomputed[sampled], expected, atol=1e-5, rtol=0)
     assert cut > 0
@@ -227,8 +242,9 @@ def test_cut_completions_are_trained_as_sampled(tag_prone, mode, attention, k):
 @pytest.mark.parametrize(
     "field, value, match",
     [
-        ("num_paths", 1, "num_paths"),
-        ("num_paths", 0, "num_paths"),
+        ("min_paths", 1, "min_paths"),
+        ("min_paths", 0, "min_paths"),
+        ("max_paths", 1, "max_paths"),
         ("max_blocks", -1, "max_blocks"),
         ("max_completion_length", 0, "max_completion_length"),
         ("max_path_tokens", 0, "max_path_tokens"),

@@ -50,7 +50,7 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
         ("sft", ["--model_name_or_path", model, "--config"], "error: --config needs a recipe file"),
         ("sft", ["--config", str(folder)], f"error: recipe {folder} is not a file"),
         ("sft", [f"--config={SFT}", "--model_name_or_path", model, "--accelerator_config", str(folder / "none.json")], "error: [Errno 2] No such file or directory:"),
-        ("grpo", [*grpo, "--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two' (see --help)"),
+        ("grpo", [*grpo, "--min_paths", "two"], "error: argument --min_paths/--min-paths: invalid int value: 'two' (see --help)"),
         ("grpo", [*grpo, "--attention", "sideways"], "error: argument --attention: invalid choice: 'sideways'"),
         ("grpo", [*grpo, "--num_pathz", "3"], "error: Some specified arguments are not used by the HfArgumentParser: ['--num_pathz', '3']"),
         ("grpo", [*grpo, "--rollout_mode", "plain"], "error: rollout_mode='plain' samples plain causal text"),
@@ -146,7 +146,7 @@ def test_a_recipe_is_read_once_before_the_parse(tmp_path):
     "arguments, expected",
     [
         (["--model_name_or_path", "./typo"], "error: model folder ./typo does not exist"),
-        (["--num_paths", "two"], "error: argument --num_paths/--num-paths: invalid int value: 'two'"),
+        (["--max_paths", "two"], "error: argument --max_paths/--max-paths: invalid int value: 'two'"),
     ],
 )
 def test_under_accelerate_launch_quiet_the_line_is_the_end(tmp_path, tag_prone_dir, arguments, expected):

@@ -49,9 +49,10 @@ def test_writes_the_table_the_json_and_the_completions(evaluated, tag_prone_dir)
     assert saved["settings"]["benchmarks"] == SMALL["benchmarks"] and saved["settings"]["temperature"] == 1.0
     assert saved["settings"]["seed"] == 0 and saved["settings"]["prompt_template"] == "parallel"
     # the tiny model records no parallel settings: what the test leaves unset is the evaluation's default
-    assert [saved["settings"][k] for k in ("attention", "rollout_mode", "num_paths", "max_blocks")] == [
+    assert [saved["settings"][k] for k in ("attention", "rollout_mode", "min_paths", "max_paths", "max_blocks")] == [
         "isolated",
         "fork",
+        2,
         2,
         4,
     ]
@@ -131,7 +132,7 @@ def test_an_interrupted_evaluation_resumes_without_losing_or_repeating(tag_prone
         (dict(rollout_mode="tree"), "rollout_mode"),
         (dict(backend="tgi"), "backend"),
         (dict(rollout_mode="sequential", attention="isolated"), "attention='causal'"),
-        (dict(num_paths=1), "num_paths"),
+        (dict(min_paths=1, max_paths=1), "min_paths"),
         (dict(prompt_template="fancy"), "template"),
     ],
 )
@@ -148,7 +149,7 @@ def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, 
     model_dir = tmp_path / "model"
     shutil.copytree(tag_prone_dir, model_dir)
     model = __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir)
-    recorded = RolloutArguments(num_paths=3, max_blocks=2, max_path_tokens=12, max_summary_tokens=6,
+    recorded = RolloutArguments(min_paths=3, max_paths=3, max_blocks=2, max_path_tokens=12, max_summary_tokens=6,
                                 max_completion_length=80)  # fmt: skip
     record_settings(model, recorded)
     model.save_pretrained(model_dir)
@@ -165,11 +166,11 @@ def test_unset_sampling_settings_are_the_ones_the_model_recorded(tag_prone_dir, 
 
     paths, settings = paths_and_settings(tmp_path / "recorded")
     assert paths == {3} and {k: settings[k] for k in vars(recorded)} == vars(recorded)
-    paths, settings = paths_and_settings(tmp_path / "chosen", num_paths=2, max_completion_length=64)
-    assert paths == {2} and settings["num_paths"] == 2 and settings["max_completion_length"] == 64
+    paths, settings = paths_and_settings(tmp_path / "chosen", min_paths=2, max_paths=2, max_completion_length=64)
+    assert paths == {2} and settings["max_paths"] == 2 and settings["max_completion_length"] == 64
     assert settings["max_path_tokens"] == 12  # the rest still the model's
-    with pytest.raises(ValueError, match="other settings \\(num_paths\\)"):  # resuming with another setting
-        paths_and_settings(tmp_path / "recorded", num_paths=2)
+    with pytest.raises(ValueError, match="other settings \\(min_paths, max_paths\\)"):  # resuming with another setting
+        paths_and_settings(tmp_path / "recorded", min_paths=2, max_paths=2)
     with pytest.raises(ValueError, match="attention='causal'.*taken from .*'attention': 'isolated'"):  # checked again
         EvaluationConfig(output_dir=str(tmp_path), rollout_mode="sequential").with_model_settings(str(model_dir))
 

@@ -39,12 +39,14 @@ def on_device(tag_prone_dir, dtype):
 
 def sampler_trainer_gaps(setup, attention, mode, tree) -> torch.Tensor:
     """|sampler - trainer| log-prob over every sampled token of a batch of fork-join rollouts."""
-    rollouts = engine(setup, attention=attention, rollout_mode=mode, num_paths=3).generate(prompts(setup[2]))
+    rollouts = engine(setup, attention=attention, rollout_mode=mode, min_paths=3, max_paths=3).generate(
+        prompts(setup[2])
+    )
     assert sum(r.blocks for r in rollouts) >= 3, "the tag-prone model should open blocks"
     gaps = []
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
-        recomputed = trainer_logprobs(setup, rollout, attention == "isolated", tree=tree).float().cpu()
+        recomputed = trainer_logprobs(setup, rollout, "tree" if tree else attention).float().cpu()
         gaps.append((recomputed[sampled] - torch.tensor(rollout.logprobs)[sampled]).abs())
     return torch.cat(gaps)
 

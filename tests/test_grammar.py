@@ -56,6 +56,36 @@ def test_ban_matrix_and_violations():
     assert g.violations(ids) == [4, 7, 14]
 
 
+def test_width_decisions_allow_exactly_a_new_path_or_the_close():
+    """With min_paths 2 and max_paths 3: the token after the 2nd </Path> is the model's (<Path> or </Parallel>, nothing
+    else of the vocabulary); after the 1st and the 3rd the runtime writes, so nothing is banned there."""
+    g = Grammar(VOCAB, frozenset({EOS}), 4, min_paths=2, max_paths=3)
+    wide = [TEXT, 1, 3, TEXT, 4, 3, TEXT, 4, 3, TEXT, 4, 2, 9, 5, TEXT, 6]  # three paths: the model opened the 3rd
+    narrow = [TEXT, 1, 3, TEXT, 4, 3, TEXT, 4, 2, 9, 5, TEXT, 6]  # two: the model closed the block
+    for ids, decision in ((wide, 8), (narrow, 8)):
+        phases = [phase for phase, _ in g.phases(ids)]
+        assert [i for i, p in enumerate(phases) if p == "decide"] == [decision]
+        assert g.decisions(ids).nonzero().flatten().tolist() == [decision]
+        assert g.violations(ids) == []
+    assert g.allowed("decide", 0) == g.only("decide") == {3, 2} and g.only("block") is None
+    assert g.violations(narrow[:8] + [TEXT]) == [8]  # text where the width is decided
+    assert g.violations(narrow[:8] + [EOS]) == [8]
+    fixed = Grammar(VOCAB, frozenset({EOS}), 4, min_paths=2, max_paths=2)
+    assert "decide" not in [phase for phase, _ in fixed.phases(wide)] and not fixed.decisions(wide).any()
+
+
+def test_masked_logps_renormalise_a_decision_over_its_two_ids():
+    logits = torch.randn(1, 3, 12)
+    targets = torch.tensor([[3, 2, 7]])
+    bans = torch.zeros(1, 3, 7, dtype=torch.bool)
+    only = torch.tensor([[True, True, False]])
+    logps, entropy = masked_logps(logits, targets, bans, tuple(range(7)), 1.0, only, (2, 3))
+    pair = torch.log_softmax(logits[0, :2, [2, 3]], -1)
+    torch.testing.assert_close(logps[0, :2], torch.stack([pair[0, 1], pair[1, 0]]))
+    torch.testing.assert_close(logps[0, 2], torch.log_softmax(logits[0, 2], -1)[7])
+    assert entropy[0, :2].max() <= torch.log(torch.tensor(2.0)) + 1e-6
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 9), max_size=40), st.integers(0, 3))
 def test_violations_are_the_banned_entries_of_the_matrix(ids, max_blocks):
@@ -101,7 +131,8 @@ def test_every_sampled_completion_obeys_the_grammar(tag_prone, mode, attention):
     eos = tokenizer.eos_token_id
     seen = {"blocks": 0, "cut": 0, "limit": 0}
     for seed in range(6):
-        config = dict(rollout_mode=mode, attention=attention, num_paths=2 + seed % 3, max_blocks=seed % 3)
+        width = 2 + seed % 3
+        config = dict(rollout_mode=mode, attention=attention, min_paths=width, max_paths=width, max_blocks=seed % 3)
         config.update(
             max_path_tokens=2 + 5 * seed, max_summary_tokens=1 + 3 * seed, max_completion_length=40 + 30 * seed
         )
@@ -121,7 +152,14 @@ def test_every_sampled_completion_obeys_the_grammar(tag_prone, mode, attention):
 def test_sequential_mode_keeps_the_budgets(tag_prone, k):
     """Sequential paths and summaries are cut at their budgets with an inserted closer, like forked ones."""
     _, _, tokenizer, vocab = tag_prone
-    config = dict(rollout_mode="sequential", attention="causal", num_paths=k, max_path_tokens=3, max_summary_tokens=2)
+    config = dict(
+        rollout_mode="sequential",
+        attention="causal",
+        min_paths=k,
+        max_paths=k,
+        max_path_tokens=3,
+        max_summary_tokens=2,
+    )
     rollouts = engine(tag_prone, max_completion_length=300, **config).generate(prompts(tokenizer))
     cut = 0
     for r in rollouts:
@@ -137,3 +175,25 @@ def test_sequential_mode_keeps_the_budgets(tag_prone, k):
             assert len(block.summary) <= 2
             assert all(r.env_mask[p.open_at] == 0 for p in block.paths)  # <Path> is written by the runtime
     assert cut > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([TEXT, 1, 2, 3, 4, 5, 6, 9, EOS]), max_size=40), st.integers(2, 4), st.integers(0, 2))
+def test_a_decision_follows_a_path_closer_of_a_block_within_its_widths(ids, low, extra):
+    """Property: a decision point is the token right after a `</Path>` that closes a block's k-th path, min <= k < max,
+    where the parser is between paths; fixed widths have none."""
+    from parallel_r1.tags.language import decision_points, parser_states
+
+    high = low + extra
+    points = decision_points(ids, VOCAB, low, high)
+    states = parser_states(ids, VOCAB)
+    expected = []
+    for i in range(1, len(ids)):
+        if ids[i - 1] == 4 and states[i - 1] == "path":
+            paths = len(parse(ids[:i], VOCAB).blocks[-1].paths)
+            if low <= paths < high:
+                expected.append(i)
+    assert points == expected
+    assert all(states[i] == "block" for i in points)
+    if extra == 0:
+        assert points == []

@@ -129,8 +129,10 @@ def test_bad_settings_fail_at_start(tmp_path):
         config(tmp_path, rollout_mode="sequential", attention="tree")
     with pytest.raises(ValueError, match="attention='causal'"):
         config(tmp_path, rollout_mode="plain", attention="tree")
-    with pytest.raises(ValueError, match="num_paths"):
-        config(tmp_path, num_paths=0)
+    with pytest.raises(ValueError, match="min_paths"):
+        config(tmp_path, min_paths=0, max_paths=0)
+    with pytest.raises(ValueError, match="max_paths must be at least min_paths"):
+        config(tmp_path, min_paths=3, max_paths=2)
     with pytest.raises(ValueError, match="ds3_gather_for_generation"):
         config(tmp_path, parallel_eval_steps=5, ds3_gather_for_generation=False)
     with pytest.raises(ValueError, match="name@k"):

@@ -79,7 +79,8 @@ PER_GENERATION = [
     ("save_steps", 10, "settings: a checkpoint every 10 generations"),
 ]
 ENGINE = [
-    ("num_paths", 2, "settings"),
+    ("min_paths", 2, "settings"),
+    ("max_paths", 2, "settings"),
     ("max_blocks", 4, "settings"),
     ("max_path_tokens", 3000, "settings: a path may run to 4096 within the 3000-token response"),
     ("max_summary_tokens", 3000, "settings: no separate summary cap"),

@@ -228,7 +228,15 @@ def test_paper_eval_recipe_is_the_papers_protocol():
     assert config.benchmark_specs() == [("aime24", 16), ("aime25", 16), ("amc23", 16), ("math500", 1)]
     assert config.temperature == 1.0 and config.top_p == 1.0 and config.prompt_template == "parallel"
     _, training, _ = parse("grpo", RECIPES / "Qwen3-4B-Base" / "grpo" / "unseen_s2.yaml")
-    rollout = ("attention", "rollout_mode", "num_paths", "max_blocks", "max_path_tokens", "max_summary_tokens")
+    rollout = (
+        "attention",
+        "rollout_mode",
+        "min_paths",
+        "max_paths",
+        "max_blocks",
+        "max_path_tokens",
+        "max_summary_tokens",
+    )
     assert [getattr(config, key) for key in rollout] == [getattr(training, key) for key in rollout]  # as in training
     assert config.max_completion_length == training.max_completion_length == 3000
 

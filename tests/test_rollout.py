@@ -39,7 +39,12 @@ def test_what_is_trained_is_what_was_sampled(tag_prone, attention, mode, k, max_
     every sampled token, also after the block limit (a banned <Parallel>) and on paths cut by their budget."""
     _, _, tokenizer, vocab = tag_prone
     config = dict(
-        attention=attention, rollout_mode=mode, num_paths=k, max_blocks=max_blocks, max_path_tokens=max_path_tokens
+        attention=attention,
+        rollout_mode=mode,
+        min_paths=k,
+        max_paths=k,
+        max_blocks=max_blocks,
+        max_path_tokens=max_path_tokens,
     )
     rollouts = engine(tag_prone, **config).generate(prompts(tokenizer))
     assert sum(r.blocks for r in rollouts) >= 3
@@ -58,7 +63,7 @@ def test_without_the_grammar_the_trainer_would_train_another_policy(tag_prone):
     gaps = []
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
-        plain = trainer_logprobs(tag_prone, rollout, isolated=True, max_blocks=1, grammar=False)
+        plain = trainer_logprobs(tag_prone, rollout, "isolated", max_blocks=1, grammar=False)
         gaps.append((plain[sampled] - torch.tensor(rollout.logprobs)[sampled]).abs().max().item())
     assert max(gaps) > 1.0
 
@@ -70,7 +75,7 @@ def test_causal_training_of_forked_paths_is_a_measured_mismatch(tag_prone):
     gaps = []
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
-        recomputed = trainer_logprobs(tag_prone, rollout, isolated=False)
+        recomputed = trainer_logprobs(tag_prone, rollout, "causal")
         gaps.append((recomputed[sampled] - torch.tensor(rollout.logprobs)[sampled]).abs().max().item())
     assert max(gaps) > 1e-2  # large enough to see: this is what the importance-sampling correction covers
 
@@ -101,7 +106,7 @@ def test_inserted_tokens_are_masked_and_sampled_tokens_are_not(tag_prone):
 @pytest.mark.parametrize("k", [2, 3, 4])
 def test_every_block_has_k_paths_and_paths_respect_their_budget(tag_prone, k):
     _, _, tokenizer, vocab = tag_prone
-    rollouts = engine(tag_prone, num_paths=k, max_path_tokens=8, max_completion_length=400).generate(
+    rollouts = engine(tag_prone, min_paths=k, max_paths=k, max_path_tokens=8, max_completion_length=400).generate(
         prompts(tokenizer)
     )
     blocks = 0
@@ -153,8 +158,8 @@ def test_config_is_checked():
         RolloutArguments(rollout_mode="tree")
     with pytest.raises(ValueError, match="isolated"):
         RolloutArguments(rollout_mode="sequential", attention="isolated")
-    with pytest.raises(ValueError, match="num_paths must be at least 2"):
-        RolloutArguments(num_paths=1)
+    with pytest.raises(ValueError, match="min_paths must be at least 2"):
+        RolloutArguments(min_paths=1, max_paths=1)
 
 
 @pytest.mark.parametrize(
@@ -186,9 +191,9 @@ def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):
 
 FIXED_WIDTH_RUNS = {
     "isolated-fork-2": dict(attention="isolated", rollout_mode="fork"),
-    "isolated-fork-3": dict(attention="isolated", rollout_mode="fork", num_paths=3),
+    "isolated-fork-3": dict(attention="isolated", rollout_mode="fork", min_paths=3, max_paths=3),
     "tree-fork-2": dict(attention="tree", rollout_mode="fork"),
-    "causal-sequential-3": dict(attention="causal", rollout_mode="sequential", num_paths=3),
+    "causal-sequential-3": dict(attention="causal", rollout_mode="sequential", min_paths=3, max_paths=3),
 }
 
 
@@ -207,3 +212,66 @@ def test_fixed_width_rollouts_are_those_of_the_engine_before_chosen_widths(tag_p
         "tree-fork-2": "17a28b083cf7f9ca",
         "causal-sequential-3": "e29bf02c0c4bb930",
     }
+
+
+def _decisions(rollouts, vocab, widths) -> dict:
+    """How often the model chose one more path and how often it closed a block, over these rollouts."""
+    from parallel_r1.tags.language import PATH_OPEN, decision_points
+
+    counts = {"more": 0, "close": 0}
+    for r in rollouts:
+        for i in decision_points(r.completion_ids, vocab, *widths):
+            assert r.env_mask[i] == 1 and r.logprobs[i] < 0.0  # sampled, scored
+            counts["more" if r.completion_ids[i] == vocab.ids[PATH_OPEN] else "close"] += 1
+    return counts
+
+
+@pytest.mark.parametrize("attention, mode", [*EXACT_PAIRS, ("tree", "fork")])
+@pytest.mark.parametrize("widths", [(2, 4), (3, 5)])
+@pytest.mark.parametrize("max_blocks, cap", [(100, 300), (1, 300), (100, 40)])
+def test_chosen_widths_are_trained_as_sampled(tag_prone, attention, mode, widths, max_blocks, cap):
+    """With min_paths < max_paths the model writes each block's width (<Path> or </Parallel>); the trainer's forward
+    (probe, grammar and structure from the ids) gives the sampler's log-probs on every sampled token, decisions
+    included, also at the block limit and with completions cut by the cap."""
+    _, _, tokenizer, vocab = tag_prone
+    config = dict(attention=attention, rollout_mode=mode, min_paths=widths[0], max_paths=widths[1])
+    config.update(max_blocks=max_blocks, max_completion_length=cap, max_path_tokens=12)
+    rollouts = engine(tag_prone, seed=sum(widths), **config).generate(prompts(tokenizer) * 2)
+    counts = _decisions(rollouts, vocab, widths)
+    if cap < 100:  # cut inside blocks, with decisions made before the cut
+        assert any(not parse(r.completion_ids, vocab).well_formed for r in rollouts) and sum(counts.values()) > 0
+    else:
+        assert counts["more"] > 0 and counts["close"] > 0, counts
+    for rollout in rollouts:
+        sampled = torch.tensor(rollout.env_mask).bool()
+        recomputed = trainer_logprobs(tag_prone, rollout, attention, max_blocks, widths=widths)
+        torch.testing.assert_close(recomputed[sampled], torch.tensor(rollout.logprobs)[sampled], atol=1e-5, rtol=0)
+        for block in parse(rollout.completion_ids, vocab).blocks:
+            assert len(block.paths) <= widths[1] and (not block.closed or len(block.paths) >= widths[0])
+
+
+def test_an_isolated_decision_reads_every_path_and_a_late_path_reads_none(tag_prone):
+    """Under the isolated structure a width decision is read by its probe, which sees every path so far: changing
+    the first path changes the decision's log-prob. A path the model opened stays blind to its siblings: its
+    tokens' log-probs do not move."""
+    _, model, tokenizer, vocab = tag_prone
+    widths = (2, 4)
+    config = dict(attention="isolated", rollout_mode="fork", min_paths=2, max_paths=4, max_path_tokens=12)
+    rollouts = engine(tag_prone, seed=6, max_completion_length=300, **config).generate(prompts(tokenizer) * 2)
+    checked = 0
+    for rollout in rollouts:
+        blocks = [b for b in parse(rollout.completion_ids, vocab).blocks if b.closed and len(b.paths) > 2]
+        if not blocks or len(blocks[0].paths[0].body) < 2:
+            continue
+        block, ids = blocks[0], list(rollout.completion_ids)
+        first = block.paths[0]
+        ids[first.open_at + 1] = (ids[first.open_at + 1] + 7) % 100 + 10  # another first token of path 0
+        changed = type(rollout)(rollout.prompt_ids, ids, rollout.logprobs, rollout.env_mask)
+        before = trainer_logprobs(tag_prone, rollout, "isolated", widths=widths)
+        after = trainer_logprobs(tag_prone, changed, "isolated", widths=widths)
+        decision, late = block.paths[2].open_at, block.paths[2]
+        assert (before[decision] - after[decision]).abs() > 1e-4  # the probe read path 0
+        in_late = slice(late.open_at + 1, late.end)  # after its <Path>, the decision
+        torch.testing.assert_close(before[in_late], after[in_late], atol=1e-6, rtol=0)  # path 2 did not
+        checked += 1
+    assert checked > 0

@@ -69,7 +69,7 @@ def test_isolated_paths_are_exact_and_the_summary_mismatch_is_measured(tag_prone
         end_of_paths = blocks[0].close_at if blocks else len(b.completion_ids)
         assert a.completion_ids[:end_of_paths] == b.completion_ids[:end_of_paths]
         sampled = torch.tensor(b.env_mask).bool()
-        recomputed = trainer_logprobs(tag_prone, b, isolated=True)
+        recomputed = trainer_logprobs(tag_prone, b, "isolated")
         gap = (recomputed - torch.tensor(b.logprobs)).abs()
         assert gap[:end_of_paths][sampled[:end_of_paths]].max() < 1e-4  # before the first join: exact
         gaps.append(gap[sampled].max().item())
@@ -87,7 +87,7 @@ def test_forks_hit_the_prefix_cache(tag_prone, llm):
     assert len(long_prompt) > 256
     before = hits()
     backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
-    rollouts = vllm_engine(tag_prone, backend, num_paths=4, max_blocks=1).generate([long_prompt] * 8)
+    rollouts = vllm_engine(tag_prone, backend, min_paths=4, max_paths=4, max_blocks=1).generate([long_prompt] * 8)
     blocks = [block for r in rollouts for block in parse(r.completion_ids, vocab).blocks if block.closed]
     assert blocks
     assert hits() - before >= 7 * 256  # the shared prompt, and each fork's context, were read once
@@ -107,7 +107,7 @@ def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, ma
     for r in rollouts:
         assert engine_.grammar.violations(r.completion_ids) == []
         sampled = torch.tensor(r.env_mask).bool()
-        recomputed = trainer_logprobs(tag_prone, r, isolated=False, max_blocks=max_blocks)
+        recomputed = trainer_logprobs(tag_prone, r, "causal", max_blocks=max_blocks)
         torch.testing.assert_close(recomputed[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-4, rtol=0)
 
 

@@ -47,9 +47,9 @@ def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths,
     """K paths, several blocks, the block limit reached, completions cut: the engine's fork sampling (paths from
     the context alone, the summary over a causal re-reading) is what the tree forward scores, to float32 noise."""
     _, _, tokenizer, _ = tag_prone
-    rollouts = engine(tag_prone, attention="tree", num_paths=num_paths, seed=num_paths, **limits).generate(
-        prompts(tokenizer)
-    )
+    rollouts = engine(
+        tag_prone, attention="tree", min_paths=num_paths, max_paths=num_paths, seed=num_paths, **limits
+    ).generate(prompts(tokenizer))
     assert any(r.blocks for r in rollouts)
     if "max_blocks" in limits:
         assert any(r.blocks == 1 for r in rollouts)  # the limit was reached: <Parallel> banned afterwards
@@ -57,7 +57,7 @@ def test_the_sampler_is_the_trainer_on_every_sampled_token(tag_prone, num_paths,
         assert any(r.finish == "length" for r in rollouts)  # cut by the cap
     for r in rollouts:
         sampled = torch.tensor(r.env_mask).bool()
-        tree = trainer_logprobs(tag_prone, r, isolated=False, max_blocks=limits.get("max_blocks", 4), tree=True)
+        tree = trainer_logprobs(tag_prone, r, "tree", max_blocks=limits.get("max_blocks", 4))
         torch.testing.assert_close(tree[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-5, rtol=0)
 
 
@@ -66,7 +66,7 @@ def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
     from parallel_r1.tags.grammar import Grammar, GrammarForward
 
     _, model, tokenizer, vocab = tag_prone
-    rollouts = engine(tag_prone, attention="tree", num_paths=3, seed=3).generate(prompts(tokenizer))
+    rollouts = engine(tag_prone, attention="tree", min_paths=3, max_paths=3, seed=3).generate(prompts(tokenizer))
     prompt_width = max(len(r.prompt_ids) for r in rollouts)
     completion_width = max(len(r.completion_ids) for r in rollouts)
     pad = tokenizer.pad_token_id
@@ -81,7 +81,7 @@ def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
         batch = GrammarForward(TreeForward(model, vocab, prompt_width), rule, prompt_width, 1.0)(ids, mask).log_probs
     for row, r in zip(batch, rollouts):
         sampled = torch.tensor(r.env_mask).bool()
-        alone = trainer_logprobs(tag_prone, r, isolated=False, tree=True)
+        alone = trainer_logprobs(tag_prone, r, "tree")
         torch.testing.assert_close(row[: len(r.completion_ids)][sampled], alone[sampled], atol=1e-5, rtol=0)
         torch.testing.assert_close(alone[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-5, rtol=0)
     assert sum(r.blocks for r in rollouts) > 1 and len({len(r.prompt_ids) for r in rollouts}) > 1
@@ -90,8 +90,8 @@ def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
 def test_the_causal_forward_would_not_be_exact(tag_prone):
     """Why the variant exists: scoring fork rollouts causally lets later paths see earlier ones."""
     _, _, tokenizer, _ = tag_prone
-    rollouts = engine(tag_prone, attention="tree", num_paths=3, seed=3).generate(prompts(tokenizer))
-    gaps = [(trainer_logprobs(tag_prone, r, isolated=False) - torch.tensor(r.logprobs)).abs().max() for r in rollouts]
+    rollouts = engine(tag_prone, attention="tree", min_paths=3, max_paths=3, seed=3).generate(prompts(tokenizer))
+    gaps = [(trainer_logprobs(tag_prone, r, "causal") - torch.tensor(r.logprobs)).abs().max() for r in rollouts]
     assert max(gaps) > 0.1
 
 

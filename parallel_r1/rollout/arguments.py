@@ -1,8 +1,8 @@
 """The settings that decide how a parallel-thinking model is trained and sampled, each declared once here.
 
-- `ParallelArguments`: the prompt template (`data.arguments.PromptArguments`, which the cold start shares) and the
-  attention variant (SFT's config inherits them);
-- `RolloutArguments`: those plus the rollout: mode, paths, block limit and token budgets (GRPO's config inherits
+- `ParallelArguments`: the prompt template (`data.arguments.PromptArguments`, which the cold start shares), the
+  attention variant and the paths a block may have (SFT's config inherits them);
+- `RolloutArguments`: those plus the rollout: mode, block limit and token budgets (GRPO's config inherits
   them, the engine reads them, a trained model records them: `parallel_r1.model_settings`);
 - `RecordedRolloutArguments`: the same fields, derived, each None until filled from what the model recorded
   (evaluation's and generation's arguments inherit it);
@@ -29,14 +29,18 @@ ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
 ENGINE_MODES = ("fork", "sequential")
 
 # Old names a recipe or a flag may still use: refused in one line that names the new one (`renamed_setting`).
-RENAMED_KEYS = {"max_completion_tokens": "max_completion_length"}
+RENAMED_KEYS = {
+    "max_completion_tokens": "max_completion_length",
+    "num_paths": "min_paths and max_paths (both K for K paths a block)",
+}
 RENAMED_VALUES = {("rollout_mode", "trl"): "plain"}
 
 
 @document_parameters
 @dataclass(kw_only=True)
 class ParallelArguments(PromptArguments):
-    """What a model is trained with and sampled with again: its prompt template and attention variant."""
+    """What a model is trained with and sampled with again: its prompt template, its attention variant and how many
+    paths a block may have (which tokens are the model's choice of width, and what reads them)."""
 
     attention: Attention = field(
         default="isolated",
@@ -44,6 +48,17 @@ class ParallelArguments(PromptArguments):
             "help": "'isolated' (Unseen: the paths of a block cannot attend to each other and restart their positions "
             "at the block's opener), 'causal' (Seen: plain causal attention) or 'tree' (the paths as isolated, what "
             "follows reads them as written: what a serving engine samples in fork mode, trained exactly).",
+        },
+    )
+    min_paths: int = field(
+        default=2,
+        metadata={"help": "Paths every block gets: the runtime opens each of them (the paper: 2)."},
+    )
+    max_paths: int = field(
+        default=2,
+        metadata={
+            "help": "Paths a block may get. Above min_paths the model chooses: after each path it writes <Path> (one "
+            "more) or </Parallel> (done), a sampled and trained token; min_paths == max_paths fixes the width.",
         },
     )
 
@@ -65,7 +80,6 @@ class RolloutArguments(ParallelArguments):
             "sequential baselines and models without the tags.",
         },
     )
-    num_paths: int = field(default=2, metadata={"help": "Paths forked at each <Parallel> (the paper: 2)."})
     max_blocks: int = field(
         default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
     )
@@ -128,9 +142,12 @@ def check_set_fields(args) -> None:
             f"rollout_mode='sequential' samples every path after its siblings, which the {value['attention']} "
             f"structure would hide from them: use attention='causal' with it, or rollout_mode='fork'"
         )
-    if value["num_paths"] is not None and value["num_paths"] < MIN_PATHS:
-        problem = f"num_paths must be at least {MIN_PATHS} (a block holds two or more paths)"
-        raise ValueError(f"{problem}, got {value['num_paths']}")
+    if value["min_paths"] is not None and value["min_paths"] < MIN_PATHS:
+        problem = f"min_paths must be at least {MIN_PATHS} (a block holds two or more paths)"
+        raise ValueError(f"{problem}, got {value['min_paths']}")
+    low, high = value["min_paths"], value["max_paths"]
+    if high is not None and high < (MIN_PATHS if low is None else low):
+        raise ValueError(f"max_paths must be at least min_paths ({low or MIN_PATHS}), got {high}")
     for name in ("max_path_tokens", "max_summary_tokens", "max_completion_length"):
         if value[name] is not None and value[name] < 1:
             raise ValueError(f"{name} must be at least 1, got {value[name]}")

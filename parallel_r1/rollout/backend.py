@@ -1,15 +1,21 @@
 """What the fork-join engine asks of a decoding backend.
 
 A backend holds *streams*: decoding contexts (a prompt and what follows it). The engine only
-ever does five things with them, for whole batches at once:
+ever does six things with them, for whole batches at once:
 
 - `start(prompts)`: one stream per prompt (token ids);
 - `append(stream, ids)`: add tokens the runtime inserts (they are read, never sampled);
-- `fork(stream, k, isolated)`: k children that continue the same context independently;
+- `fork(stream, k, isolated, first=0)`: k children that continue the same context independently, as paths
+  `first`, ..., `first + k - 1` of one block (`first > 0`: paths added to the block forked last, which the model
+  chose to widen);
 - `join(parent, children, isolated)`: one stream whose context is the parent followed by every
   child's continuation. Isolated: each child's tokens stay as they were computed (they never saw
   each other) and the positions go on after the longest child. Causal: the children are read one
   after the other, as a single sequence;
+- `probe(stream, token)`: a new stream that reads `token` after `stream`, outside every path, at the position of
+  the last one `stream` has taken (`next position - 1`), without moving the positions on; after an isolated join
+  that is pos(`<Parallel>`) + the longest path, where the isolated structure puts a width decision's probe
+  (`parallel_r1.structure`). `stream` is unchanged;
 - `decode(segments)`: continue many streams at once, each until one of its stop tokens, one of its
   end tokens, or its budget. All streams of all forks of a step go in one call.
 """
@@ -36,7 +42,8 @@ class Segment:
 
     Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` or
     `end_ids` (kept; finish "stop" or "end"). When the budget runs out first, the `closer` (if any) is
-    appended as an inserted token. `banned` tokens are never sampled (their probability is 0).
+    appended as an inserted token. `banned` tokens are never sampled (their probability is 0); with `only`,
+    nothing but those ids is (an allow-list over the whole vocabulary).
     """
 
     stream: Any
@@ -45,6 +52,7 @@ class Segment:
     end_ids: frozenset = frozenset()
     closer: int | None = None
     banned: frozenset = frozenset()
+    only: frozenset | None = None
 
 
 @dataclass
@@ -62,9 +70,11 @@ class Backend(Protocol):
 
     def append(self, stream, ids: list[int]) -> None: ...
 
-    def fork(self, stream, k: int, isolated: bool) -> list: ...
+    def fork(self, stream, k: int, isolated: bool, first: int = 0) -> list: ...
 
     def join(self, parent, children: list, isolated: bool): ...
+
+    def probe(self, stream, token: int): ...
 
     def decode(self, segments: list[Segment]) -> list[Decoded]: ...
 

@@ -1,28 +1,35 @@
 """The fork-join rollout engine: a small state machine over a decoding backend.
 
-Each completion moves through three phases, all completions of a call together:
+Each completion moves through its phases, all completions of a call together:
 
     main     decode until <Parallel> or EOS
-    paths    num_paths paths, each = context + <Path> (inserted), decoded until </Path>;
+    paths    min_paths paths, each = context + <Path> (inserted), decoded until </Path>;
              a path cut by its budget is closed with an inserted </Path>
-    summary  insert </Parallel> SEPARATOR <Summary>, decode until </Summary> (closed the same way if cut),
-             then back to main
+    decide   (only while min_paths <= paths < max_paths) the model writes one token, <Path> or </Parallel>
+             (`Grammar.decision_ids`, nothing else allowed): <Path> opens one more path, decoded as above from
+             the context alone (the <Path> is the sampled one), then the model decides again
+    summary  insert </Parallel> (unless the model wrote it) SEPARATOR <Summary>, decode until </Summary>
+             (closed the same way if cut), then back to main
 
-`fork` decodes the paths of a block concurrently, each from the context alone (the backend forks the
-stream and joins the paths afterwards: `isolated` keeps each path's own KV for the summary, `causal` and `tree`
-re-read the paths one after the other, as a serving engine does, which samples the `tree` policy exactly);
-`sequential` decodes them one after the other in the same stream, so each path reads the earlier ones (the
-causal "Seen" policy, exactly). Everything else is the same in
-both modes: the same inserted tokens, the same budgets, the same number of paths per block.
+`fork` decodes the first min_paths paths of a block concurrently, each from the context alone (the backend forks
+the stream and joins the paths afterwards: `isolated` keeps each path's own KV for the summary, `causal` and `tree`
+re-read the paths one after the other, as a serving engine does, which samples the `tree` policy exactly); a path
+the model adds is decoded alone, after the decision that opened it. `sequential` decodes every path one after the
+other in the same stream, so each path reads the earlier ones (the causal "Seen" policy, exactly). What a width
+decision reads is the structure's (`parallel_r1.structure`): in line after the joined paths for `causal` and
+`tree` (and in `sequential`, the stream itself); for `isolated`, a probe (`Backend.probe`): `</Path>` read after
+the isolated join, outside every path, at pos(<Parallel>) + the longest path. Everything else is the same in both
+modes: the same inserted tokens, the same budgets, the same rule for the number of paths per block.
 
 Rules:
 - What may be sampled is the tag grammar's (`parallel_r1.tags.grammar`), applied to every segment on every
   backend: after `max_blocks` blocks <Parallel> is banned (so the final answer is never cut by the block
-  limit); inside a path or a summary only its closer may be sampled, and no EOS.
+  limit); inside a path or a summary only its closer may be sampled, and no EOS; a width decision is <Path> or
+  </Parallel>.
 - The completion never exceeds `max_completion_length`: a block that would overflow is cut there
   (what is kept was sampled exactly as kept).
-- Inserted tokens carry env_mask 0 and log-prob 0.0; sampled tokens carry env_mask 1 and the
-  sampler's log-prob. A completion holds at most one EOS, at its end.
+- Inserted tokens carry env_mask 0 and log-prob 0.0; sampled tokens (width decisions included) carry env_mask 1
+  and the sampler's log-prob. A completion holds at most one EOS, at its end.
 """
 
 from __future__ import annotations
@@ -63,9 +70,10 @@ class EngineTokens:
         separator = tokenizer.encode(SEPARATOR, add_special_tokens=False)
         return cls(vocab if vocab is not None else tag_vocab(tokenizer), frozenset(eos_ids), tuple(separator))
 
-    def grammar(self, max_blocks: int) -> Grammar:
-        """The tag grammar over these tokens: what the engine samples under and the training forward re-applies."""
-        return Grammar(self.vocab, self.eos_ids, max_blocks)
+    def grammar(self, settings) -> Grammar:
+        """The tag grammar over these tokens for `settings` (any object with `max_blocks`, `min_paths` and
+        `max_paths`): what the engine samples under and the training forward re-applies."""
+        return Grammar(self.vocab, self.eos_ids, settings.max_blocks, settings.min_paths, settings.max_paths)
 
 
 @dataclass
@@ -84,9 +92,13 @@ class Rollout:
 class _State:
     rollout: Rollout
     stream: object
-    phase: str = "main"  # main, paths, summary, done
-    children: list = field(default_factory=list)  # fork: the paths being decoded
-    paths_done: int = 0  # sequential: paths of the current block already decoded
+    phase: str = "main"  # main, paths, decide, summary, done
+    parent: object = None  # fork: the stream through the block's <Parallel>
+    children: list = field(default_factory=list)  # fork: the block's paths so far
+    decoding: list = field(default_factory=list)  # fork: the paths being decoded now
+    paths: int = 0  # paths of the current block decoded so far
+    opened_by_model: bool = False  # the path being decoded was opened by a sampled <Path>
+    decision_stream: object = None  # what the width decision reads
 
 
 class ForkJoinEngine:
@@ -95,9 +107,16 @@ class ForkJoinEngine:
             raise ValueError(f"the engine samples rollout_mode {ENGINE_MODES}, not {config.rollout_mode!r}")
         self.backend, self.config = backend, config
         self.tag = tokens.vocab.ids
-        self.grammar = tokens.grammar(config.max_blocks)
+        self.grammar = tokens.grammar(config)
         self.separator = list(tokens.separator_ids)
-        self._after = {"main": self._after_main, "paths": self._after_paths, "summary": self._after_summary}
+        self.fork = config.rollout_mode == "fork"
+        self.isolated = config.attention == "isolated"
+        self._after = {
+            "main": self._after_main,
+            "paths": self._after_paths,
+            "decide": self._after_decide,
+            "summary": self._after_summary,
+        }
 
     def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:
         states = [_State(Rollout(list(p)), s) for p, s in zip(prompts, self.backend.start(prompts))]
@@ -141,8 +160,11 @@ class ForkJoinEngine:
             return [self._segment(state.stream, "main", rollout.blocks, room)]
         if state.phase == "paths":
             budget = max(1, min(cfg.max_path_tokens, room - 1))
-            streams = state.children if cfg.rollout_mode == "fork" else [state.stream]
+            streams = state.decoding if self.fork else [state.stream]
             return [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
+        if state.phase == "decide":
+            decision = self.grammar.decision_ids
+            return [Segment(state.decision_stream, max_new=1, stop_ids=decision, only=decision)]
         budget = max(1, min(cfg.max_summary_tokens, room - 1))
         return [self._segment(state.stream, "summary", rollout.blocks, budget, self.tag[SUMMARY_CLOSE])]
 
@@ -164,9 +186,11 @@ class ForkJoinEngine:
             state.phase = "done"
         else:  # <Parallel> was sampled
             opener = [self.tag[PATH_OPEN]]
-            if self.config.rollout_mode == "fork":
-                isolated = self.config.attention == "isolated"
-                state.children = self.backend.fork(state.stream, self.config.num_paths, isolated)
+            state.paths, state.opened_by_model = 0, False
+            if self.fork:
+                state.parent = state.stream
+                state.children = self.backend.fork(state.stream, self.config.min_paths, self.isolated)
+                state.decoding = list(state.children)
                 for child in state.children:
                     self.backend.append(child, opener)
             else:
@@ -175,22 +199,46 @@ class ForkJoinEngine:
 
     def _after_paths(self, state: _State, results: list[Decoded]) -> None:
         for decoded in results:
-            self._insert(state.rollout, [self.tag[PATH_OPEN]])
+            if not state.opened_by_model:
+                self._insert(state.rollout, [self.tag[PATH_OPEN]])
             self._record(state.rollout, decoded)
-        if self.config.rollout_mode == "sequential":
-            state.paths_done += 1
-            if state.paths_done < self.config.num_paths:
-                self.backend.append(state.stream, [self.tag[PATH_OPEN]])
-                return
-            state.paths_done = 0
-        else:
-            isolated = self.config.attention == "isolated"
-            state.stream = self.backend.join(state.stream, state.children, isolated)
-            state.children = []
-        inserted = [self.tag[PARALLEL_CLOSE], *self.separator, self.tag[SUMMARY_OPEN]]
+        state.paths += len(results)
+        if state.paths < self.config.min_paths:  # sequential: the runtime opens the next path
+            self.backend.append(state.stream, [self.tag[PATH_OPEN]])
+            return
+        if self.fork:
+            state.stream = self.backend.join(state.parent, state.children, self.isolated)
+        if state.paths < self.config.max_paths:
+            probe = self.fork and self.isolated
+            state.decision_stream = self.backend.probe(state.stream, self.tag[PATH_CLOSE]) if probe else state.stream
+            state.phase = "decide"
+            return
+        self._close_block(state, [self.tag[PARALLEL_CLOSE]])
+
+    def _after_decide(self, state: _State, results: list[Decoded]) -> None:
+        (decoded,) = results
+        self._record(state.rollout, decoded)
+        (token,) = decoded.tokens
+        if token == self.tag[PARALLEL_CLOSE]:
+            if state.decision_stream is not state.stream:  # the probe read it, the block's stream has not
+                self.backend.append(state.stream, [token])
+            self._close_block(state, [])
+            return
+        state.opened_by_model = True  # <Path>: one more path
+        if self.fork:
+            (child,) = self.backend.fork(state.parent, 1, self.isolated, first=state.paths)
+            self.backend.append(child, [token])
+            state.children.append(child)
+            state.decoding = [child]
+        state.phase = "paths"
+
+    def _close_block(self, state: _State, closer: list[int]) -> None:
+        """Insert `closer` (the runtime's </Parallel>, or nothing after the model's), the separator and <Summary>."""
+        inserted = [*closer, *self.separator, self.tag[SUMMARY_OPEN]]
         self.backend.append(state.stream, inserted)
         self._insert(state.rollout, inserted)
         state.rollout.blocks += 1
+        state.parent, state.children, state.decoding, state.decision_stream = None, [], [], None
         state.phase = "summary"
 
     def _after_summary(self, state: _State, results: list[Decoded]) -> None:

@@ -5,7 +5,8 @@ the token's position). A decode call stacks the streams of all segments into one
 (left-padded, padding masked), feeds their unread tokens, and samples one token per stream per
 step; a stream leaves the batch when its segment ends, taking its slots with it.
 
-- fork: the children share the parent's tensors (no copy, no re-prefill).
+- fork: the children share the parent's tensors (no copy, no re-prefill); a path added to a block later is a
+  child of the same parent, in the same block.
 - join, isolated: the summary's context is the parent's slots followed by every path's own slots,
   exactly as each path computed them; positions go on after the longest path. Sampling the summary
   then *is* sampling under the isolated structure (`parallel_r1.structure`).
@@ -108,10 +109,11 @@ class TransformersBackend:
     def append(self, stream: HFStream, ids: list[int]) -> None:
         stream.extend(list(ids))
 
-    def fork(self, stream: HFStream, k: int, isolated: bool) -> list[HFStream]:
-        block = stream.forks
-        stream.forks += 1
-        return [stream.copy(group=(block, path) if isolated else OUTSIDE) for path in range(k)]
+    def fork(self, stream: HFStream, k: int, isolated: bool, first: int = 0) -> list[HFStream]:
+        if first == 0:  # a new block
+            stream.forks += 1
+        block = stream.forks - 1
+        return [stream.copy(group=(block, first + path) if isolated else OUTSIDE) for path in range(k)]
 
     def join(self, parent: HFStream, children: list[HFStream], isolated: bool) -> HFStream:
         base = len(parent.ids)
@@ -128,6 +130,14 @@ class TransformersBackend:
         if all(kv is not None and kv.shape[-2] == len(child.ids) for kv, child in zip(read, children)):
             merged.kv = torch.cat([read[0][..., :base, :]] + [kv[..., base:, :] for kv in read], dim=-2)
         return merged
+
+    def probe(self, stream: HFStream, token: int) -> HFStream:
+        probe = stream.copy(group=OUTSIDE)
+        probe.ids.append(token)
+        probe.positions.append(stream.next_pos - 1)
+        probe.block_of.append(OUTSIDE[0])
+        probe.path_of.append(OUTSIDE[1])
+        return probe
 
     # ------------------------------------------------------------------ decoding
 
@@ -168,7 +178,12 @@ class TransformersBackend:
         """Sample (or pick greedily) one token per row; return the tokens and their log-probs."""
         logits = logits.float().clone()
         for row, segment in enumerate(segments):
-            if segment.banned:
+            if segment.only is not None:
+                kept = list(segment.only)
+                allowed = logits[row, kept]
+                logits[row] = float("-inf")
+                logits[row, kept] = allowed
+            elif segment.banned:
                 logits[row, list(segment.banned)] = float("-inf")
         if self.sampling.temperature == 0:
             tokens, scores = logits.argmax(-1), logits

@@ -16,7 +16,7 @@ Two ways to reach vLLM, as TRL does:
 
 Banned tokens (the tag grammar) are true bans: colocated, a -inf `logit_bias`; through the HTTP API,
 which clamps biases to [-100, 100], `allowed_token_ids` (every id of the model's vocabulary but the
-banned ones). The reported log-probs are those of the renormalised distribution the trainer recomputes
+banned ones). A width decision's allow-list is `allowed_token_ids` on both. The reported log-probs are those of the renormalised distribution the trainer recomputes
 only with `logprobs_mode="processed_logprobs"`: TRL's colocated engine and `trl vllm-serve` set it; a
 plain `vllm serve` needs `--logprobs-mode processed_logprobs`.
 
@@ -77,12 +77,17 @@ class VLLMBackend:
     def append(self, stream: list[int], ids: list[int]) -> None:
         stream.extend(ids)
 
-    def fork(self, stream: list[int], k: int, isolated: bool) -> list[list[int]]:
+    def fork(self, stream: list[int], k: int, isolated: bool, first: int = 0) -> list[list[int]]:
         return [list(stream) for _ in range(k)]
 
     def join(self, parent: list[int], children: list[list[int]], isolated: bool) -> list[int]:
         base = len(parent)
         return parent + [token for child in children for token in child[base:]]
+
+    def probe(self, stream: list[int], token: int) -> list[int]:
+        """`stream` then `token`, read causally (vLLM has no other reading: the isolated probe's position and
+        mask are approximated, as the summary's are)."""
+        return [*stream, token]
 
     def decode(self, segments: list[Segment]) -> list[Decoded]:
         if not segments:
@@ -106,7 +111,9 @@ class VLLMBackend:
             "logprobs": 0,
             "skip_special_tokens": False,
         }
-        if segment.banned and self.llm is not None:
+        if segment.only is not None:
+            params["allowed_token_ids"] = sorted(segment.only)
+        elif segment.banned and self.llm is not None:
             params["logit_bias"] = {token: float("-inf") for token in sorted(segment.banned)}
         elif segment.banned:
             params["allowed_token_ids"] = [i for i in range(self.vocab_size) if i not in segment.banned]
@@ -131,7 +138,7 @@ class VLLMBackend:
         (`finish_segment` cuts each to its own, keeping what was sampled exactly as sampled)."""
         groups = defaultdict(list)
         for i, segment in enumerate(segments):
-            groups[(segment.stop_ids, segment.end_ids, segment.banned)].append(i)
+            groups[(segment.stop_ids, segment.end_ids, segment.banned, segment.only)].append(i)
         sampled = [None] * len(segments)
         for members in groups.values():
             request = self._request(max((segments[i] for i in members), key=lambda segment: segment.max_new))

@@ -1,14 +1,16 @@
 """Which tags may be sampled next: one rule, read from the completion's ids, for the sampler and the trainer.
 
-The rule depends only on where the completion is (the parser state of `language`, from its ids) and on how
-many blocks it has opened (`max_blocks`):
+The rule depends only on where the completion is (the parser state of `language`, from its ids), on how
+many blocks it has opened (`max_blocks`) and on the widths a block may have (`min_paths`, `max_paths`):
 
     main text         `<Parallel>` while fewer than `max_blocks` blocks were opened, no other tag; EOS allowed
     inside a path     `</Path>` only; EOS banned
     inside a summary  `</Summary>` only; EOS banned
-    between the paths of a block, and from `</Parallel>` to `<Summary>`
-                      the runtime writes these tokens (`<Path>`, `</Parallel>`, the separator, `<Summary>`):
-                      nothing is sampled there, so nothing is banned
+    a width decision  (`language.decision_points`: right after the k-th `</Path>` of a block, min_paths <= k <
+                      max_paths) exactly `<Path>` or `</Parallel>`, nothing else of the whole vocabulary
+    elsewhere between the paths of a block, and from `</Parallel>` to `<Summary>`
+                      the runtime writes these tokens (`<Path>` below min_paths, `</Parallel>` at max_paths, the
+                      separator, `<Summary>`): nothing is sampled there, so nothing is banned
 
 So a path or a summary ends with its closer, sampled or inserted when its budget runs out (budgets cut, they
 never ban), and an EOS can only end the main text. A banned token's logit is -inf: the sampler draws from the
@@ -16,9 +18,10 @@ model's distribution renormalised over what is allowed, and the training forward
 renormalises the same way at every position, recomputed from the ids, so the two distributions are the same
 distribution.
 
-Only the six tags and the EOS ids are ever banned (`Grammar.controlled`): the rule is a small table over
-a few ids, cheap to apply as logits masks (transformers), per-request bans (vLLM) or per-token masks
-(training).
+Outside a decision only the six tags and the EOS ids are ever banned (`Grammar.controlled`): the rule is a small
+table over a few ids, cheap to apply as logits masks (transformers), per-request bans (vLLM) or per-token masks
+(training). A decision allows two ids (`Grammar.decision_ids`) and bans the rest: an allow-list (vLLM's
+`allowed_token_ids`, the `only` mask of `masked_logps`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from types import SimpleNamespace
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .language import PARALLEL_OPEN, PATH_CLOSE, SUMMARY_CLOSE, TagVocab, parser_states
+from .language import DECISION_TAGS, PARALLEL_OPEN, PATH_CLOSE, SUMMARY_CLOSE, TagVocab, decision_points, parser_states
 
 
 @dataclass(frozen=True)
@@ -38,11 +41,18 @@ class Grammar:
     vocab: TagVocab
     eos_ids: frozenset
     max_blocks: int
+    min_paths: int = 2
+    max_paths: int = 2
 
     @cached_property
     def controlled(self) -> tuple:
         """The ids a ban can touch: the six tags and the EOS ids, in a fixed order."""
         return tuple(sorted(set(self.vocab.ids.values()) | set(self.eos_ids)))
+
+    @cached_property
+    def decision_ids(self) -> frozenset:
+        """The two ids a width decision may take: `<Path>` and `</Parallel>`."""
+        return frozenset(self.vocab.ids[tag] for tag in DECISION_TAGS)
 
     def allowed(self, phase: str, blocks: int) -> frozenset:
         """The controlled ids that may be sampled in `phase` after `blocks` blocks were opened."""
@@ -53,17 +63,24 @@ class Grammar:
             return frozenset({tag[PATH_CLOSE]})
         if phase == "summary":
             return frozenset({tag[SUMMARY_CLOSE]})
+        if phase == "decide":  # and no id outside `controlled` either (`only`)
+            return self.decision_ids
         return frozenset(self.controlled)  # written by the runtime: no ban
 
     def banned(self, phase: str, blocks: int) -> frozenset:
         return frozenset(self.controlled) - self.allowed(phase, blocks)
 
+    def only(self, phase: str) -> frozenset | None:
+        """The ids that alone may be sampled in `phase` (an allow-list over the whole vocabulary), or None."""
+        return self.decision_ids if phase == "decide" else None
+
     def phases(self, completion_ids) -> list:
-        """(phase, blocks opened) before each token of a completion."""
+        """(phase, blocks opened) before each token of a completion; a width decision's phase is "decide"."""
         opener = self.vocab.ids[PARALLEL_OPEN]
+        decisions = set(decision_points(completion_ids, self.vocab, self.min_paths, self.max_paths))
         out, blocks = [], 0
-        for token, state in zip(completion_ids, parser_states(completion_ids, self.vocab)):
-            out.append((state, blocks))
+        for i, (token, state) in enumerate(zip(completion_ids, parser_states(completion_ids, self.vocab))):
+            out.append(("decide" if i in decisions else state, blocks))
             if state == "main" and token == opener:
                 blocks += 1
         return out
@@ -73,8 +90,14 @@ class Grammar:
         return [
             i
             for i, (token, (phase, blocks)) in enumerate(zip(completion_ids, self.phases(completion_ids)))
-            if token in self.banned(phase, blocks)
+            if token in self.banned(phase, blocks) or (self.only(phase) is not None and token not in self.only(phase))
         ]
+
+    def decisions(self, completion_ids) -> torch.Tensor:
+        """Bool [len(ids)]: True where the token is a width decision (only `decision_ids` may be sampled)."""
+        decide = torch.zeros(len(completion_ids), dtype=torch.bool)
+        decide[decision_points(completion_ids, self.vocab, self.min_paths, self.max_paths)] = True
+        return decide
 
     def ban_matrix(self, completion_ids) -> torch.Tensor:
         """Bool [len(ids), len(controlled)]: True where that controlled id is banned before that token."""
@@ -91,24 +114,41 @@ class Grammar:
 CHUNK = 1024  # positions whose full-vocabulary scores are live at once in `masked_logps`
 
 
-def masked_logps(logits: torch.Tensor, targets: torch.Tensor, bans: torch.Tensor, controlled, temperature: float):
+def masked_logps(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    bans: torch.Tensor,
+    controlled,
+    temperature: float,
+    only: torch.Tensor | None = None,
+    only_ids=(),
+):
     """Log-probs of `targets` and entropies under softmax(logits / temperature) with the banned ids removed.
 
-    logits [B, N, V], targets [B, N], bans [B, N, C] over the `controlled` ids. Banned logits get the lowest
+    logits [B, N, V], targets [B, N], bans [B, N, C] over the `controlled` ids; where `only` [B, N] is True, every
+    id but `only_ids` is banned. Banned logits get the lowest
     float32, which gives them probability 0 (as -inf does in the sampler) without NaN in the entropy. The
     float32 work runs `CHUNK` positions at a time and, when gradients are on, is recomputed in the backward
     pass (activation checkpointing), so its memory stays that of one chunk.
     """
     batch, length, vocab = logits.shape
     columns = torch.as_tensor(controlled, device=logits.device)
-    flat = (logits.reshape(-1, vocab), targets.reshape(-1), bans.reshape(-1, len(controlled)).to(logits.device))
+    kept = torch.as_tensor(sorted(only_ids), dtype=torch.long, device=logits.device)
+    if only is None:
+        only = torch.zeros((batch, length), dtype=torch.bool)
+    flat = (
+        logits.reshape(-1, vocab),
+        targets.reshape(-1),
+        bans.reshape(-1, len(controlled)).to(logits.device),
+        only.reshape(-1).to(logits.device),
+    )
     pieces = []
     for start in range(0, flat[0].size(0), CHUNK):
         chunk = [part[start : start + CHUNK] for part in flat]
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_masked_chunk, *chunk, columns, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_masked_chunk, *chunk, columns, kept, temperature, use_reentrant=False))
         else:
-            pieces.append(_masked_chunk(*chunk, columns, temperature))
+            pieces.append(_masked_chunk(*chunk, columns, kept, temperature))
     if not pieces:
         empty = logits.new_zeros((batch, length), dtype=torch.float32)
         return empty, empty
@@ -116,10 +156,13 @@ def masked_logps(logits: torch.Tensor, targets: torch.Tensor, bans: torch.Tensor
     return logps, entropy
 
 
-def _masked_chunk(logits, targets, bans, columns, temperature):
+def _masked_chunk(logits, targets, bans, only, columns, kept, temperature):
     scores = logits.float() / temperature
     low = torch.finfo(scores.dtype).min
     scores = scores.index_copy(-1, columns, scores.index_select(-1, columns).masked_fill(bans, low))
+    if only.any():  # an allow-list: every other id of the vocabulary is banned
+        allowed = scores.index_select(-1, kept)
+        scores = scores.masked_fill(only[:, None], low).index_copy(-1, kept, allowed)
     logps = torch.log_softmax(scores, dim=-1)
     entropy = -(logps.exp() * logps).sum(-1)
     return logps.gather(-1, targets.clamp(min=0)[:, None]).squeeze(-1), entropy
@@ -149,9 +192,15 @@ class GrammarForward:
         completion = input_ids[:, self.completion_start :]
         valid = attention_mask[:, self.completion_start :].bool()
         bans = torch.zeros((*completion.shape, len(self.grammar.controlled)), dtype=torch.bool)
+        only = torch.zeros(completion.shape, dtype=torch.bool)
         for row, (ids, keep) in enumerate(zip(completion.tolist(), valid.tolist())):
             real = [i for i, k in zip(ids, keep) if k]
-            bans[row, torch.tensor(keep, dtype=torch.bool)] = self.grammar.ban_matrix(real)
-        logps, entropy = masked_logps(out.logits[:, :-1], completion, bans, self.grammar.controlled, self.temperature)
+            columns = torch.tensor(keep, dtype=torch.bool)
+            bans[row, columns] = self.grammar.ban_matrix(real)
+            only[row, columns] = self.grammar.decisions(real)
+        logps, entropy = masked_logps(
+            out.logits[:, :-1], completion, bans, self.grammar.controlled, self.temperature, only,
+            self.grammar.decision_ids,
+        )  # fmt: skip
         aux_loss = getattr(out, "aux_loss", None)  # mixture-of-experts models, as TRL reads it
         return SimpleNamespace(log_probs=logps * valid, entropy=entropy * valid, aux_loss=aux_loss)

@@ -41,6 +41,7 @@ SUMMARY_OPEN = "<Summary>"
 SUMMARY_CLOSE = "</Summary>"
 TAGS = (PARALLEL_OPEN, PARALLEL_CLOSE, PATH_OPEN, PATH_CLOSE, SUMMARY_OPEN, SUMMARY_CLOSE)
 MIN_PATHS = 2
+DECISION_TAGS = (PATH_OPEN, PARALLEL_CLOSE)  # what the model may write where it chooses a block's width
 
 Content = str | tuple  # text, or a tuple of token ids
 BLANK = frozenset(" \t\n\r\f\v")
@@ -174,6 +175,24 @@ def parser_states(completion_ids, vocab: TagVocab) -> list[str]:
     trace: list = []
     _run(list(completion_ids), vocab, trace)
     return trace
+
+
+def decision_points(completion_ids, vocab: TagVocab, min_paths: int, max_paths: int) -> list[int]:
+    """Where the model chooses a block's width: the index of every token that directly follows the `</Path>` of a
+    block's k-th path with `min_paths <= k < max_paths`. The model writes one of `DECISION_TAGS` there: `<Path>`
+    opens path k + 1, `</Parallel>` ends the block. Empty when `min_paths == max_paths` (every width is fixed)."""
+    if min_paths >= max_paths:
+        return []
+    closer, points, closed = vocab.ids[PATH_CLOSE], [], 0
+    states = parser_states(completion_ids, vocab)
+    for i, (token, state) in enumerate(zip(completion_ids, states)):
+        if state == "main":
+            closed = 0
+        elif state == "path" and token == closer:
+            closed += 1
+            if min_paths <= closed < max_paths and i + 1 < len(states):
+                points.append(i + 1)
+    return points
 
 
 def _run(completion, vocab, trace: list | None = None) -> Parsed:
@@ -411,14 +430,22 @@ class Stats:
     paths_per_block: tuple
     block_positions: tuple  # where each <Parallel> starts, relative to the completion length (0..1)
     total: int  # T: every unit
-    critical: int  # D: main + longest path of each block + the rest of each block (tags, summary)
+    critical: int  # D: what is decoded one unit after another (see `stats`)
     well_formed: bool
     has_parallel: bool  # see Parsed.has_parallel
 
 
-def stats(parsed: Parsed) -> Stats:
+def stats(parsed: Parsed, concurrent: int | None = None) -> Stats:
+    """The shape of a completion. D (`critical`) is the critical path of a fork-join decode: every unit but those of
+    the paths decoded alongside a longer one. The first `concurrent` paths of a block (all of them when None) are
+    decoded at once, so only the longest of them counts; a path after them is decoded alone, once the model chose
+    to open it, and counts in full."""
     blocks = parsed.blocks
-    saved = sum(sum(p.length for p in b.paths) - max(p.length for p in b.paths) for b in blocks if b.paths)
+    saved = sum(
+        sum(p.length for p in b.paths[:concurrent]) - max(p.length for p in b.paths[:concurrent])
+        for b in blocks
+        if b.paths
+    )
     n = max(parsed.length, 1)
     return Stats(
         num_blocks=len(blocks),

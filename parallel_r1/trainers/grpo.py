@@ -92,7 +92,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
             EngineTokens.of(self._tokenizer, self.eos_token_ids, self.tag_vocab) if uses_engine else None
         )
         # the rule the engine samples under, re-applied by the log-prob forward: one Grammar from the same tokens
-        self.grammar = self.engine_tokens.grammar(args.max_blocks) if uses_engine else None
+        self.grammar = self.engine_tokens.grammar(args) if uses_engine else None
         if args.attention != "causal":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
@@ -230,11 +230,11 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ the structured forward
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        start = input_ids.size(1) - logits_to_keep
+        start, widths = input_ids.size(1) - logits_to_keep, (self.args.min_paths, self.args.max_paths)
         if self.args.attention == "isolated":
-            model = IsolatedForward(model, self.tag_vocab, start)
+            model = IsolatedForward(model, self.tag_vocab, start, *widths)
         elif self.args.attention == "tree":
-            model = TreeForward(model, self.tag_vocab, start)
+            model = TreeForward(model, self.tag_vocab, start, *widths)
         if self.grammar is not None:
             model = GrammarForward(model, self.grammar, start, self.temperature)
         return super()._get_per_token_logps_and_entropies(

@@ -163,8 +163,9 @@ class ParallelSFTTrainer(ModelCardMixin, SFTTrainer):
         Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
         it after the forward (the token count it logs), and a 4-D mask there would count pairs.
         """
+        starts, widths = completion_starts(inputs["labels"]), (self.args.min_paths, self.args.max_paths)
         if self.args.attention == "isolated":
-            model = IsolatedForward(model, self.tag_vocab, completion_starts(inputs["labels"]))
+            model = IsolatedForward(model, self.tag_vocab, starts, *widths)
         elif self.args.attention == "tree":
-            model = TreeForward(model, self.tag_vocab, completion_starts(inputs["labels"]))
+            model = TreeForward(model, self.tag_vocab, starts, *widths)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
