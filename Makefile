@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-paper bench gpu-check clean
+.PHONY: install test test-quick lint format demo demo-paper demo-width bench gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ demo: install
 # ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 30 minutes.
 demo-paper: install
 	$(PY) scripts/demo.py --paper --output_dir outputs/demo-paper
+
+# The model chooses each block's width (2 to 4 paths) and RL moves it: three runs that differ in reward or problems
+# (parallel_r1/testing/demo/width.py): outputs/demo-width/width/table.md and paths_per_block.png.
+demo-width: install
+	$(PY) scripts/demo.py --width --output_dir outputs/demo-width
 
 # Speed comparisons and the fuzz drill: each rewrites its file in benchmarks/results/ (machine, command, target met
 # or not); about 1 h 20 min on 2 shared CPU cores, the fuzz drill (100,000 inputs) an hour of it

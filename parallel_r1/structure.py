@@ -77,14 +77,15 @@ def completion_layout(completion_ids, vocab: TagVocab) -> Layout:
 def probes(completion_ids, vocab: TagVocab, min_paths: int, max_paths: int) -> list[tuple[int, int]]:
     """(decision index, probe offset) of each width decision of one completion: the probe predicts the token at
     that index, at that offset from the completion's first position (isolated layout)."""
-    points = set(decision_points(completion_ids, vocab, min_paths, max_paths))
+    points = decision_points(completion_ids, vocab, min_paths, max_paths)
     if not points:
         return []
     offsets, out = completion_layout(completion_ids, vocab).offsets, []
-    for block in parse(completion_ids, vocab).blocks:
-        for k, path in enumerate(block.paths, 1):
-            if path.end in points:
-                out.append((path.end, offsets[block.start] + max(p.length for p in block.paths[:k])))
+    blocks = parse(completion_ids, vocab).blocks
+    for point in points:
+        block = next(b for b in blocks if b.start < point < b.end)
+        before = [p.length for p in block.paths if p.end <= point]  # the paths the decision follows
+        out.append((point, offsets[block.start] + max(before)))
     return out
 
 

@@ -3,6 +3,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
 
     python scripts/demo.py                      # make demo: the method against its baseline (13-14 min, ~15 with the install)
     python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (about 30 min)
+    python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -15,6 +16,8 @@ Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir,
   7. Parallel-R1                      scripts/grpo.py with recipes/demo/grpo.yaml: fork-join rollouts, the S2 reward
   8. evaluation and plots             scripts/evaluate.py on base, plain GRPO, SFT and Parallel-R1; scripts/plot.py
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
+`--width` runs stages 1-3, a cold start with blocks of 2 to 4 attempts, SFT with min_paths 2 and max_paths 4, and the
+three RL runs of `parallel_r1.testing.demo.width` (width/table.md, width/paths_per_block.png).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import yaml
 from parallel_r1.durable import read_lines
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
 from parallel_r1.testing.demo.task import vote_report
+from parallel_r1.testing.demo.width import WIDTH_RUNS, plot_width, width_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
@@ -49,7 +53,16 @@ QUICK = {
     "base": ["--max_steps", "8", "--per_device_train_batch_size", "16", "--logging_steps", "4"],
     "cold_start": ["--max_train_samples", "24"],
     "sft": ["--max_steps", "4", "--per_device_train_batch_size", "8", "--logging_steps", "2"],
-    "grpo": ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4"],
+    "grpo": [
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "8",
+        "--num_generations",
+        "4",
+        "--logging_steps",
+        "1",
+    ],
     "eval": ["--max_problems", "6"],
 }
 
@@ -95,6 +108,11 @@ class Demo:
     # ------------------------------------------------------------------------------------------- the stages
 
     def prepare(self) -> None:
+        self.prepare_base()
+        self.cold_start("cold-start")
+        self.sft("sft", "SFT on the traces (Unseen)")
+
+    def prepare_base(self) -> None:
         self.stage(
             "data and an untrained base",
             "data",
@@ -113,34 +131,35 @@ class Demo:
             [*PYTHON, "scripts/add_special_tokens.py", "--model_name_or_path", self.path("base"),
              "--output_dir", self.path("base-special")],
         )  # fmt: skip
+
+    def cold_start(self, output: str, title: str = "cold-start traces, filtered and reported", extra=()) -> None:
         self.stage(
-            "cold-start traces, filtered and reported",
-            "cold_start",
+            title,
+            output.replace("-", "_"),
             [*PYTHON, "scripts/generate_cold_start.py", "--config", str(RECIPES / "cold_start.yaml"),
              "--dataset_name", self.path("data", "cold_start.jsonl"), "--student_tokenizer", self.path("base-special"),
-             "--output_dir", self.path("cold-start"), "--seed", str(self.seed), *self.extra("cold_start")],
+             "--output_dir", self.path(output), "--seed", str(self.seed), *self.extra("cold_start"), *extra],
         )  # fmt: skip
-        self.sft("sft", "SFT on the traces (Unseen)")
 
-    def sft(self, output: str, title: str, extra: tuple = ()) -> None:
+    def sft(self, output: str, title: str, extra: tuple = (), traces: str = "cold-start") -> None:
         self.stage(
             title,
             output,
             [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"),
              "--model_name_or_path", self.path("base-special"),
-             "--dataset_name", self.path("cold-start", "train.parquet"), "--output_dir", self.path(output),
+             "--dataset_name", self.path(traces, "train.parquet"), "--output_dir", self.path(output),
              "--seed", str(self.seed), *self.extra("sft"), *extra],
         )  # fmt: skip
 
-    def grpo(self, output: str, reward: str | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
-             start: str = "sft", recipe: str = "grpo.yaml", extra: tuple = ()) -> None:  # fmt: skip
-        rewards = ["--reward_funcs", reward] if reward else []
+    def grpo(self, output: str, reward: str | tuple | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
+             start: str = "sft", recipe: str = "grpo.yaml", extra: tuple = (), data: str = "rl.jsonl") -> None:  # fmt: skip
+        rewards = ["--reward_funcs", *([reward] if isinstance(reward, str) else reward)] if reward else []
         budget = ["--max_steps", str(self.rl_steps)] if self.rl_steps else []
         self.stage(
             title,
             output.replace("/", "-"),
             [*ACCELERATE, "scripts/grpo.py", "--config", str(RECIPES / recipe),
-             "--model_name_or_path", self.path(start), "--dataset_name", self.path("data", "rl.jsonl"),
+             "--model_name_or_path", self.path(start), "--dataset_name", self.path("data", data),
              "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *budget, *self.extra("grpo"),
              *extra],
         )  # fmt: skip
@@ -218,6 +237,25 @@ class Demo:
         (out / "votes.md").write_text(vote_report(parallel) + "\n")
         self.summary(out / "paper_table.md", [model for model, _, _ in PAPER_ROWS.values()], out / "timings.md")
 
+    def width(self) -> None:
+        """RL moves the width the model chooses: a cold start with blocks of 2 to 4 attempts, SFT that trains the
+        choice (min_paths 2, max_paths 4), and the runs of `WIDTH_RUNS` from it, each with the same budget."""
+        self.prepare_base()
+        longer = ("--max_length", "224")  # a block of four attempts runs past the demo's 160 tokens
+        self.cold_start("cold-start-width", "cold-start traces with blocks of 2 to 4 attempts",
+                        ("--model_name_or_path", "parallel_r1.testing.demo.task:varied_width_teacher", *longer))  # fmt: skip
+        self.sft("sft-width", "SFT on them (Unseen), the width a trained choice",
+                 ("--min_paths", "2", "--max_paths", "4", *longer), traces="cold-start-width")  # fmt: skip
+        for label, (output, data, rewards) in WIDTH_RUNS.items():
+            self.grpo(output, rewards, title=f"GRPO, the model chooses the width: {label}", start="sft-width",
+                      recipe="grpo_width.yaml", data=data)  # fmt: skip
+        states = {label: self.out / output / "trainer_state.json" for label, (output, _, _) in WIDTH_RUNS.items()}
+        out = self.out / "width"
+        plot_width(states, out / "paths_per_block.png")
+        (out / "table.md").write_text(width_table(states) + "\n")
+        self.summary(out / "table.md", ["sft-width", *(output for output, _, _ in WIDTH_RUNS.values())],
+                     out / "timings.md", cold_start="cold-start-width")  # fmt: skip
+
     def steps(self) -> int:
         """GRPO's optimizer steps in this run: the quick run's, --rl_steps, or the recipe's."""
         if self.quick:
@@ -231,7 +269,7 @@ class Demo:
         (benchmark,) = yaml.safe_load((RECIPES / "eval.yaml").read_text())["benchmarks"]
         return int(benchmark.rpartition("@")[2])
 
-    def summary(self, table: Path, models: list[str], timings: Path) -> None:
+    def summary(self, table: Path, models: list[str], timings: Path, cold_start: str = "cold-start") -> None:
         """Write the `timings` file; print the table, the timings and where everything is."""
         lines = ["| Stage | Seconds |", "|---|---|"] + [f"| {t} | {s:.0f} |" for t, s in self.timings]
         lines.append(f"| **total** | **{sum(s for _, s in self.timings):.0f}** |")
@@ -245,7 +283,7 @@ class Demo:
         if plots := sorted(table.parent.glob("*.png")):
             print(f"Plots:   {', '.join(str(plot) for plot in plots)}")
         print(f"Models:  {', '.join(self.path(model) for model in models)}")
-        print(f"Data:    {self.path('data')}, cold-start report {self.path('cold-start', 'report.md')}")
+        print(f"Data:    {self.path('data')}, cold-start report {self.path(cold_start, 'report.md')}")
         print(f"Logs:    {self.logs}/")
 
 
@@ -255,6 +293,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (the data split is fixed)")
     parser.add_argument("--quick", action="store_true", help="a few steps per stage (a smoke test, not a result)")
     parser.add_argument("--paper", action="store_true", help="every row and experiment of the paper (make demo-paper)")
+    parser.add_argument("--width", action="store_true", help="RL moves the width the model chooses (make demo-width)")
     parser.add_argument(
         "--rl_steps",
         type=int,
@@ -267,7 +306,9 @@ def main(argv=None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps)
-    demo.paper() if args.paper else demo.run()
+    if args.paper and args.width:
+        parser.error("--paper and --width are two jobs: run one at a time")
+    demo.paper() if args.paper else demo.width() if args.width else demo.run()
 
 
 if __name__ == "__main__":

@@ -349,3 +349,54 @@ def test_a_shortened_demo_paper_writes_every_row_the_table_and_the_drift(tmp_pat
     assert len(marks) == 5 and set(marks) <= {"yes", "no"}
     assert (out / "paper" / "block_position.png").exists() and (out / "paper" / "votes.md").exists()
     assert (out / "grpo" / "checkpoint-1" / "trainer_state.json").exists()  # mid-training starts from S2's half
+
+
+def test_the_varied_width_teacher_writes_blocks_of_two_to_four_attempts_evenly():
+    from parallel_r1.testing.demo.task import WIDTHS, varied_width_teacher
+
+    messages = build_prompt("7*8+3*4", "none")
+    assert varied_width_teacher(messages, 5) == varied_width_teacher(messages, 5)
+    widths = [len(b.paths) for seed in range(3000) for b in parse(varied_width_teacher(messages, seed)).blocks]
+    assert set(widths) == set(WIDTHS)
+    for width in WIDTHS:
+        assert abs(widths.count(width) / len(widths) - 1 / len(WIDTHS)) < 0.03
+
+
+def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
+    from parallel_r1.testing.demo.width import plot_width, width_table
+
+    states = {}
+    for label, widths in (("narrows", [3.0, 3.0, 2.9, 2.5, 2.2, 2.1]), ("idle", [])):
+        history = [
+            {"step": 5 * (i + 1), "parallel/paths_per_block": w, "parallel/openings_alike": 0.5,
+             "rewards/accuracy/mean": 0.1 * i}
+            for i, w in enumerate(widths)
+        ]  # fmt: skip
+        states[label] = tmp_path / f"{label}.json"
+        states[label].write_text(json.dumps({"log_history": history}))
+    table = width_table(states).splitlines()
+    assert table[2].startswith("| narrows | 2.97 -> 2.27 | 50.00 -> 50.00 | 0.10 -> 0.40 |")
+    assert table[3] == "| idle | - | - | - |"
+    assert plot_width(states, tmp_path / "width.png").exists()
+
+
+@pytest.mark.slow
+def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path):
+    """`scripts/demo.py --width --quick`: the varied cold start, SFT with min_paths 2 and max_paths 4, the three RL
+    runs; the table has a row per run with numbers in it, the model records its widths."""
+    from parallel_r1.testing.demo.width import WIDTH_RUNS
+
+    out = tmp_path / "width"
+    result = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--width", "--quick", "--output_dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    recorded = json.loads((out / "sft-width" / "config.json").read_text())["parallel_r1"]
+    assert (recorded["min_paths"], recorded["max_paths"]) == (2, 4)
+    table = (out / "width" / "table.md").read_text().splitlines()
+    assert [line.split("|")[1].strip() for line in table[2:]] == list(WIDTH_RUNS)
+    for line in table[2:]:
+        start, end = (float(v) for v in line.split("|")[2].split("->"))
+        assert 2 <= start <= 4 and 2 <= end <= 4
+    assert (out / "width" / "paths_per_block.png").exists()

@@ -111,6 +111,29 @@ def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, ma
         torch.testing.assert_close(recomputed[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("attention, mode", [("tree", "fork"), ("causal", "sequential")])
+def test_chosen_widths_are_the_trainers_on_vllm(tag_prone, llm, attention, mode):
+    """min_paths < max_paths, sampled at temperature 1 by vLLM: each width decision is an allow-list of <Path> and
+    </Parallel> (`allowed_token_ids`), read in line; every sampled token's log-prob, decisions included, is the
+    trainer's (tree: copies for the paths, decisions in line; grammar from the ids)."""
+    _, _, tokenizer, vocab = tag_prone
+    widths = (2, 4)
+    backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
+    config = dict(attention=attention, rollout_mode=mode, min_paths=2, max_paths=4, max_completion_length=300)
+    engine_ = vllm_engine(tag_prone, backend, **config)
+    rollouts = engine_.generate(prompts(tokenizer) * 2)
+    widths_seen = {len(b.paths) for r in rollouts for b in parse(r.completion_ids, vocab).blocks if b.closed}
+    assert len(widths_seen) > 1 and widths_seen <= {2, 3, 4}, widths_seen
+    worst = 0.0
+    for r in rollouts:
+        assert engine_.grammar.violations(r.completion_ids) == []
+        sampled = torch.tensor(r.env_mask).bool()
+        recomputed = trainer_logprobs(tag_prone, r, attention, widths=widths)
+        gap = (recomputed[sampled] - torch.tensor(r.logprobs)[sampled]).abs()
+        worst = max(worst, gap.max().item())
+    assert worst < 1e-5, worst
+
+
 @pytest.fixture(scope="module")
 def server(tag_prone_dir):
     from trl.generation.vllm_client import VLLMClient
@@ -132,3 +155,8 @@ def test_server_mode_generates_the_same_rollouts(tag_prone, server):
     for a, b in zip(ours, theirs):
         assert a.completion_ids == b.completion_ids
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+    # chosen widths: the decisions' allow-list goes as allowed_token_ids too
+    chosen = dict(attention="tree", rollout_mode="fork", min_paths=2, max_paths=4)
+    ours = engine(tag_prone, temperature=0.0, **chosen).generate(prompts(tokenizer))
+    theirs = vllm_engine(tag_prone, backend, **chosen).generate(prompts(tokenizer))
+    assert [a.completion_ids for a in ours] == [b.completion_ids for b in theirs]

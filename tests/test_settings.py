@@ -24,7 +24,9 @@ GROUPS = (RolloutArguments, SamplingArguments, VLLMArguments)
 OWNER = {
     f.name: f"parallel_r1/rollout/arguments.py:{group.__name__}" for group in GROUPS for f in dataclasses.fields(group)
 }
-OWNER["attention"] = "parallel_r1/rollout/arguments.py:ParallelArguments"
+OWNER.update(
+    dict.fromkeys(("attention", "min_paths", "max_paths"), "parallel_r1/rollout/arguments.py:ParallelArguments")
+)
 OWNER["prompt_template"] = "parallel_r1/data/arguments.py:PromptArguments"
 OWNER.update(
     question_column="parallel_r1/data/arguments.py:ColumnArguments",

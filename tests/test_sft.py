@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
@@ -336,3 +337,27 @@ def test_accelerate_launch_trains_saves_with_the_tags_and_resumes(tiny_dir, tmp_
     log = launch_sft(out, tiny_dir, "--max_steps", "3", "--max_train_samples", "4", *resume)
     assert "Resuming training from checkpoint with epoch 2 and global step 2" in log  # transformers' own report
     assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+
+
+@pytest.mark.parametrize("widths", [(2, 2), (2, 4)])
+def test_a_chosen_width_is_trained_from_every_path(tiny_dir, tmp_path, traces, widths):
+    """With min_paths < max_paths the isolated SFT scores a block's `</Parallel>` (the model's choice to stop at two
+    paths) from its probe, which reads every path: perturbing path 1 moves it. With a fixed width it is the runtime's
+    token, scored in line from path 2's `</Path>`, which cannot see path 1 (the trace is written as the engine
+    writes, with no whitespace after `</Path>`)."""
+    low, high = widths
+    row = traces[0]
+    content = row["completion"][0]["content"].replace("</Path>\n", "</Path>")  # the engine's layout: no tail
+    rows = Dataset.from_list([{**row, "completion": [{**row["completion"][0], "content": content}]}])
+    trainer = trainer_for(tiny_dir, tmp_path, rows, "isolated", max_length=2048, min_paths=low, max_paths=high)
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    start, block = first_block(trainer, batch)
+    assert len(block.paths) == 2
+    path1 = block.paths[0]
+    body1 = torch.arange(start + path1.open_at + 1, start + path1.end - 1)
+    perturbed = {**batch, "input_ids": batch["input_ids"].clone()}
+    ordinary = [i for i in range(200, 900) if i not in trainer.tag_vocab.ids.values()]
+    perturbed["input_ids"][0, body1] = torch.tensor(ordinary[: len(body1)])
+    close = start + block.close_at
+    before, after = token_log_probs(trainer, batch)[close - 1], token_log_probs(trainer, perturbed)[close - 1]
+    assert (abs(before - after) > 1e-5) == (low < high)

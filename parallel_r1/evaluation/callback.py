@@ -53,7 +53,7 @@ class InTrainingEvaluation(TrainerCallback):
             for start in range(0, self.calls * self.batch, self.batch):
                 rollouts += trainer.evaluation_rollouts(prompts[start : start + self.batch], seed + start)
             records = [
-                rec.score(self.rows[n, i], s, r.completion_ids, r.finish, tokenizer, trainer.tag_vocab)
+                rec.score(self.rows[n, i], s, r.completion_ids, r.finish, tokenizer, trainer.tag_vocab, args.min_paths)
                 for (n, i, s), r in zip(mine, rollouts)
             ]
         summary = summarize(gather_object(records))

@@ -22,10 +22,11 @@ from ..tags.language import TagVocab, parse, stats
 NO_TAGS = TagVocab(ids={})
 
 
-def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab) -> dict:
-    """The record of one completion. `problem` is a `problem_record`."""
+def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab, concurrent=None) -> dict:
+    """The record of one completion. `problem` is a `problem_record`; `concurrent`: the paths of a block decoded at
+    once (min_paths; D counts the later ones in full, `language.stats`)."""
     text = tokenizer.decode(completion_ids, skip_special_tokens=True)
-    shape = stats(parse(completion_ids, vocab or NO_TAGS))  # in tokens; without tag tokens every token is text
+    shape = stats(parse(completion_ids, vocab or NO_TAGS), concurrent)  # in tokens; no tag tokens: all text
     return {
         **problem,
         "sample": sample,
@@ -41,6 +42,7 @@ def score(problem: dict, sample: int, completion_ids: list, finish: str, tokeniz
         "block_positions": list(shape.block_positions),
         "tokens_total": shape.total,
         "tokens_critical": shape.critical,
+        "alike_blocks": shape.alike_blocks,
     }
 
 

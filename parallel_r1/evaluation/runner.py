@@ -79,7 +79,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
                     try:
                         outputs = source.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
                         scored = [
-                            rec.score(rows[i], s, ids, finish, tokenizer, vocab)
+                            rec.score(rows[i], s, ids, finish, tokenizer, vocab, config.min_paths)
                             for (i, s), (ids, finish) in zip(batch, outputs)
                         ]
                     except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: the traceback

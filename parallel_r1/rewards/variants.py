@@ -148,6 +148,13 @@ def accuracy_parallel_diversity(c: Completion) -> float:
 # --------------------------------------------------------------------------- auxiliary and logging rewards
 
 
+@reward(-math.inf, 0.0, needs_answer=False)
+def path_cost(c: Completion) -> float:
+    """-0.1 for each path beyond the second of every block: a price on width, for runs where the model chooses it
+    (min_paths < max_paths); summed with `accuracy`, a third path pays when it turns a wrong answer right 1 time in 20."""
+    return -0.1 * sum(max(len(block.paths) - 2, 0) for block in c.parsed.blocks)
+
+
 @reward(0.0, 0.5, needs_answer=False)
 def parallel_bonus(c: Completion) -> float:
     """0.5 [P >= 1 and F]: with `accuracy`, summed, it is `accuracy_plus_parallel`; see the advantage split."""
@@ -183,6 +190,7 @@ ALL = (
     accuracy_diversity,
     accuracy_parallel_diversity,
     parallel_bonus,
+    path_cost,
     efficiency_bonus,
     well_formed,
     parallel,

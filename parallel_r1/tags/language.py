@@ -178,20 +178,24 @@ def parser_states(completion_ids, vocab: TagVocab) -> list[str]:
 
 
 def decision_points(completion_ids, vocab: TagVocab, min_paths: int, max_paths: int) -> list[int]:
-    """Where the model chooses a block's width: the index of every token that directly follows the `</Path>` of a
-    block's k-th path with `min_paths <= k < max_paths`. The model writes one of `DECISION_TAGS` there: `<Path>`
-    opens path k + 1, `</Parallel>` ends the block. Empty when `min_paths == max_paths` (every width is fixed)."""
+    """Where the model chooses a block's width: the index of the first token that is not whitespace after the
+    `</Path>` of a block's k-th path with `min_paths <= k < max_paths`. The model writes one of `DECISION_TAGS`
+    there: `<Path>` opens path k + 1, `</Parallel>` ends the block. The engine writes no whitespace between the tags,
+    so in a rollout it is the token right after `</Path>`; in a trace it may follow a newline. Empty when
+    `min_paths == max_paths` (every width is fixed)."""
     if min_paths >= max_paths:
         return []
-    closer, points, closed = vocab.ids[PATH_CLOSE], [], 0
+    closer, points, closed, pending = vocab.ids[PATH_CLOSE], [], 0, False
     states = parser_states(completion_ids, vocab)
     for i, (token, state) in enumerate(zip(completion_ids, states)):
         if state == "main":
             closed = 0
         elif state == "path" and token == closer:
             closed += 1
-            if min_paths <= closed < max_paths and i + 1 < len(states):
-                points.append(i + 1)
+            pending = min_paths <= closed < max_paths
+        elif pending and state == "block" and token not in vocab.blank_ids:
+            points.append(i)
+            pending = False
     return points
 
 
@@ -433,6 +437,17 @@ class Stats:
     critical: int  # D: what is decoded one unit after another (see `stats`)
     well_formed: bool
     has_parallel: bool  # see Parsed.has_parallel
+    alike_blocks: int = 0  # blocks where two paths open alike (`opens_alike`)
+
+
+OPENING = 3  # units of a path's body that `opens_alike` compares
+
+
+def opens_alike(block: Block) -> bool:
+    """Whether two of the block's paths open with the same first `OPENING` units of their bodies (the whole body when
+    shorter): a cheap sign that the paths collapsed into one way of working."""
+    openings = [tuple(path.body[:OPENING]) for path in block.paths if len(path.body)]
+    return len(set(openings)) < len(openings)
 
 
 def stats(parsed: Parsed, concurrent: int | None = None) -> Stats:
@@ -455,4 +470,5 @@ def stats(parsed: Parsed, concurrent: int | None = None) -> Stats:
         critical=parsed.length - saved,
         well_formed=parsed.well_formed,
         has_parallel=parsed.has_parallel,
+        alike_blocks=sum(opens_alike(b) for b in blocks),
     )

@@ -11,8 +11,9 @@ checkpointing, logging, Hub push) is stock TRL:
   (`grammar.GrammarForward`), and with `attention="isolated"` or `"tree"` runs the model on that
   structure; both are recomputed from the token ids.
 
-After each generation it logs the shape of the completions (parallel ratio, blocks, paths, format
-validity, relative block position, D and T) and, where TRL does not already (it does with vLLM and
+After each generation it logs the shape of the completions (parallel ratio, blocks, paths per block with their
+min and max, the share of blocks whose paths open alike and the paths' self-BLEU, format validity, relative block
+position, D and T) and, where TRL does not already (it does with vLLM and
 importance-sampling correction on), the gap between the sampler's and the trainer's log-probs.
 
 Checkpoints also carry the engine's random stream (`_save_rng_state`, `_load_rng_state`), so that a resumed run
@@ -32,6 +33,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
+from ..rewards.diversity import self_bleu
 from ..rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend
 from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
@@ -280,8 +282,10 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
             ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"])
         ]
         parsed = [parse(ids, self.tag_vocab) for ids in completions]
-        shapes = [stats(p) for p in parsed]
+        shapes = [stats(p, self.args.min_paths) for p in parsed]
         copied = [sum(path.length for block in p.blocks for path in block.paths[1:]) for p in parsed]
+        bleu = [self_bleu(p, self._tokenizer.decode) if p.blocks else 0.0 for p in parsed]
+        device = self.accelerator.device
         rows = torch.tensor(
             [
                 [
@@ -293,20 +297,30 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
                     s.total,
                     s.critical,
                     extra,
+                    s.alike_blocks,
+                    score,
+                    float(bool(p.blocks)),
                 ]
-                for s, extra in zip(shapes, copied)
+                for s, extra, score, p in zip(shapes, copied, bleu, parsed)
             ],
             dtype=torch.float64,
-            device=self.accelerator.device,
+            device=device,
         )
         totals = self.accelerator.gather(rows).sum(0).tolist()
-        count = self.accelerator.gather(torch.tensor([len(shapes)], device=self.accelerator.device)).sum().item()
-        parallel, well_formed, blocks, paths, positions, total, critical, copied = totals
+        count = self.accelerator.gather(torch.tensor([len(shapes)], device=device)).sum().item()
+        parallel, well_formed, blocks, paths, positions, total, critical, copied, alike, bleu, with_blocks = totals
+        widths = [n for s in shapes for n in s.paths_per_block] or [0]
+        low = self.accelerator.gather(torch.tensor([min(widths)], device=device))
+        high = self.accelerator.gather(torch.tensor([max(widths)], device=device))
         metrics = self._metrics[mode]
         metrics["parallel/ratio"].append(parallel / count)
         metrics["parallel/format_valid"].append(well_formed / count)
         metrics["parallel/blocks_per_completion"].append(blocks / count)
         metrics["parallel/paths_per_block"].append(paths / blocks if blocks else 0.0)
+        metrics["parallel/paths_per_block_min"].append(low[low > 0].min().item() if (low > 0).any() else 0.0)
+        metrics["parallel/paths_per_block_max"].append(high.max().item())
+        metrics["parallel/openings_alike"].append(alike / blocks if blocks else 0.0)
+        metrics["parallel/self_bleu"].append(bleu / with_blocks if with_blocks else 0.0)
         metrics["parallel/block_position"].append(positions / blocks if blocks else 0.0)
         metrics["parallel/tokens_total"].append(total / count)
         metrics["parallel/tokens_critical"].append(critical / count)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 EASY_MAX = 40  # an easy problem has an answer of at most this
 NUM_PATHS = 3  # independent attempts in a teacher's block
+WIDTHS = (2, 3, 4)  # the widths of `varied_width_teacher`'s blocks
 TEACHER_PLAIN = 0.15  # share of teacher answers with no block (the plain habit stays alive after SFT)
 TEACHER_LATE = 0.0  # share of teacher answers that work the problem out first, then check it in a block
 TEACHER_SLIP = 0.1  # chance that one attempt of the teacher gets its first product wrong
@@ -112,11 +113,12 @@ def all_problems() -> list[Problem]:
     return [Problem(*digits) for digits in itertools.product(range(1, 10), repeat=4)]
 
 
-def teacher(messages: list, seed: int) -> str:
+def teacher(messages: list, seed: int, widths: tuple[int, ...] = (NUM_PATHS,)) -> str:
     """The cold-start teacher (`backend: function`): for the problem in the last user turn, a plain solution with
     chance `TEACHER_PLAIN`, a working checked by a block with chance `TEACHER_LATE`, otherwise a block first; a
-    block has `NUM_PATHS` attempts voted on in the summary. Each attempt slips (off by one to nine) with chance
-    `TEACHER_SLIP`, and a trace now and then leaves `</Summary>` out. Seeded by the request."""
+    block has `NUM_PATHS` attempts (one of `widths`, drawn evenly, when there are several) voted on in the summary.
+    Each attempt slips (off by one to nine) with chance `TEACHER_SLIP`, and a trace now and then leaves `</Summary>`
+    out. Seeded by the request."""
     from ...data.loaders import problem_text
 
     problem = Problem.parse(problem_text(messages))
@@ -129,8 +131,15 @@ def teacher(messages: list, seed: int) -> str:
     if kind < TEACHER_PLAIN:
         return problem.plain_solution(slip())
     first = slip() if kind < TEACHER_PLAIN + TEACHER_LATE else None
-    slips = tuple(slip() for _ in range(NUM_PATHS))
+    width = widths[0] if len(widths) == 1 else rng.choice(widths)
+    slips = tuple(slip() for _ in range(width))
     return problem.parallel_trace(slips, close_summary=rng.random() >= TEACHER_MALFORMED, first=first)
+
+
+def varied_width_teacher(messages: list, seed: int) -> str:
+    """`teacher` with blocks of 2, 3 or 4 attempts (`WIDTHS`): the width demo's cold start, after which the model
+    has seen every width it may choose."""
+    return teacher(messages, seed, WIDTHS)
 
 
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
@@ -139,7 +148,8 @@ def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 300
     - `test`: `num_test` hard problems, held out from everything else;
     - `train`: all the others (the base's pretraining);
     - `cold_start`: `num_cold_start` of them, of any difficulty (the teacher's questions);
-    - `rl`: the hard ones among the rest (GRPO's problems, as the paper's RL set is harder than its cold start).
+    - `rl`: the hard ones among the rest (GRPO's problems, as the paper's RL set is harder than its cold start);
+    - `rl_easy`: the easy ones among the rest (the width demo's contrast).
     """
     problems = all_problems()
     random.Random(seed).shuffle(problems)
@@ -148,7 +158,8 @@ def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 300
     train = [p for p in problems if p not in held_out]
     cold_start = train[:num_cold_start]
     rl = [p for p in train[num_cold_start:] if not p.easy]
-    return {"test": test, "train": train, "cold_start": cold_start, "rl": rl}
+    rl_easy = [p for p in train[num_cold_start:] if p.easy]
+    return {"test": test, "train": train, "cold_start": cold_start, "rl": rl, "rl_easy": rl_easy}
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -164,7 +175,8 @@ def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[s
 
     - `pretrain/train.jsonl`: every training problem with its plain solution, as chat prompt-completion rows (the
       corpus of the tiny base, for `trl sft`);
-    - `cold_start.jsonl`, `rl.jsonl`, `test.jsonl`: problems as `question`, `answer` (`split_problems`).
+    - `cold_start.jsonl`, `rl.jsonl`, `rl_easy.jsonl`, `test.jsonl`: problems as `question`, `answer`
+      (`split_problems`).
     """
     folder = Path(folder)
     splits = split_problems(seed, num_test)
@@ -180,7 +192,7 @@ def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[s
             ],
         )
     }
-    for name in ("cold_start", "rl", "test"):
+    for name in ("cold_start", "rl", "rl_easy", "test"):
         rows = [{"question": p.text, "answer": str(p.answer)} for p in splits[name]]
         files[name] = write_jsonl(folder / f"{name}.jsonl", rows)
     return files

@@ -1,0 +1,71 @@
+"""The width demo (`make demo-width`): the model chooses how many paths each block gets (min_paths 2, max_paths 4),
+and RL moves that choice.
+
+From one SFT model (trained on blocks of 2, 3 and 4 attempts, `task.varied_width_teacher`), three GRPO runs with the
+same budget differ only in their reward or their problems:
+
+- `hard, accuracy`: accuracy alone on the hard problems: a wider block is a larger vote, and costs nothing;
+- `hard, accuracy + cost`: `path_cost` too (-0.1 for each path beyond the second);
+- `easy, accuracy + cost`: the same reward on the easy problems, where one attempt is already right most of the time.
+
+What each run logs at every logged step (`parallel/paths_per_block`, `parallel/openings_alike`, the accuracy reward)
+becomes a table of start and end and a plot of the width over training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .paper import logged
+
+# label -> (the run's folder under the demo's output, its problems under data/, its reward specs)
+WIDTH_RUNS = {
+    "hard, accuracy": ("width/hard-accuracy", "rl.jsonl", ("accuracy",)),
+    "hard, accuracy + cost": ("width/hard-cost", "rl.jsonl", ("accuracy", "path_cost")),
+    "easy, accuracy + cost": ("width/easy-cost", "rl_easy.jsonl", ("accuracy", "path_cost")),
+}
+WIDTH_KEY = "parallel/paths_per_block"
+SHOWN = {
+    "paths per block": WIDTH_KEY,
+    "alike openings %": "parallel/openings_alike",
+    "accuracy reward": "rewards/accuracy/mean",
+}
+WINDOW = 3  # logged points averaged at each end of a curve
+
+
+def ends(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """The mean of the first and of the last `WINDOW` points of a curve (fewer when it is short), or None."""
+    if len(points) < 2:
+        return None
+    window = max(1, min(WINDOW, len(points) // 2))
+    return sum(v for _, v in points[:window]) / window, sum(v for _, v in points[-window:]) / window
+
+
+def width_table(states: dict) -> str:
+    """label -> trainer_state.json of each run: each shown metric at the start and at the end of its RL run."""
+    header = ["Run", *(f"{name} (start -> end)" for name in SHOWN)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, state in states.items():
+        cells = [label]
+        for name, key in SHOWN.items():
+            moved = ends(logged([state], key))
+            scale = 100 if name.endswith("%") else 1
+            cells.append("-" if moved is None else f"{scale * moved[0]:.2f} -> {scale * moved[1]:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_width(states: dict, path: Path) -> Path:
+    """Paths per block over training steps, one line per run."""
+    from ...evaluation.plots import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axis = plt.subplots(figsize=(8, 4))
+    for label, state in states.items():
+        if points := logged([state], WIDTH_KEY):
+            axis.plot(*zip(*points), marker=".", label=label)
+    axis.set(xlabel="training step", ylabel="paths per block (the model's choice, 2 to 4)")
+    axis.set_title("The width the model chooses, over RL")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return _save(fig, path)
