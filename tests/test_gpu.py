@@ -37,23 +37,24 @@ def on_device(tag_prone_dir, dtype):
     return tag_prone_dir, model, tokenizer, tag_vocab(tokenizer)
 
 
-def sampler_trainer_gaps(setup, attention, mode, tree) -> torch.Tensor:
-    """|sampler - trainer| log-prob over every sampled token of a batch of fork-join rollouts."""
-    rollouts = engine(setup, attention=attention, rollout_mode=mode, min_paths=3, max_paths=3).generate(
-        prompts(setup[2])
-    )
+def sampler_trainer_gaps(setup, attention, mode, tree, widths=(3, 3)) -> torch.Tensor:
+    """|sampler - trainer| log-prob over every sampled token of a batch of fork-join rollouts (`widths`: min and max
+    paths; the model chooses in between)."""
+    config = dict(attention=attention, rollout_mode=mode, min_paths=widths[0], max_paths=widths[1])
+    rollouts = engine(setup, **config).generate(prompts(setup[2]))
     assert sum(r.blocks for r in rollouts) >= 3, "the tag-prone model should open blocks"
     gaps = []
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
-        recomputed = trainer_logprobs(setup, rollout, "tree" if tree else attention).float().cpu()
+        recomputed = trainer_logprobs(setup, rollout, "tree" if tree else attention, widths=widths).float().cpu()
         gaps.append((recomputed[sampled] - torch.tensor(rollout.logprobs)[sampled]).abs())
     return torch.cat(gaps)
 
 
+@pytest.mark.parametrize("widths", [(3, 3), (2, 4)])
 @pytest.mark.parametrize("attention, mode, tree", EXACT_PAIRS)
-def test_fp32_sampling_on_cuda_is_what_the_trainer_computes(tag_prone_dir, attention, mode, tree):
-    gaps = sampler_trainer_gaps(on_device(tag_prone_dir, torch.float32), attention, mode, tree)
+def test_fp32_sampling_on_cuda_is_what_the_trainer_computes(tag_prone_dir, attention, mode, tree, widths):
+    gaps = sampler_trainer_gaps(on_device(tag_prone_dir, torch.float32), attention, mode, tree, widths)
     assert gaps.max() <= FP32_ATOL, f"largest gap {gaps.max():.2e} over {len(gaps)} tokens"
 
 

@@ -63,6 +63,34 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+@pytest.mark.parametrize("attention", ["isolated", "tree"])
+def test_chosen_widths_train_exactly_and_log_their_width(tmp_path, tag_prone_dir, dataset, attention):
+    """min_paths 2, max_paths 4: the width decisions are sampled tokens in TRL's tool mask (gradient), the trainer's
+    log-probs are the sampler's (probe or in line, grammar's allow-list), and the width metrics are logged."""
+    from parallel_r1.tags.language import decision_points
+
+    args = config(tmp_path, attention=attention, min_paths=2, max_paths=4, max_blocks=1, max_completion_length=96)
+    trainer = tiny_grpo_trainer(tag_prone_dir, args, dataset, [length_reward])
+    batch = _batch(trainer)
+    vocab = tag_vocab(trainer.processing_class)
+    decisions = 0
+    for ids, mask, tools in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"]):
+        real = ids[mask.bool()].tolist()
+        for i in decision_points(real, vocab, 2, 4):
+            assert tools[i] == 1
+            decisions += 1
+    assert decisions > 0
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "parallel/ratio" in entry]
+    for entry in logs:
+        assert entry["sampling/sampling_logp_difference/max"] < 1e-5
+        if entry["parallel/blocks_per_completion"] > 0:  # a step without blocks logs 0 for the widths
+            assert 2 <= entry["parallel/paths_per_block_min"] <= entry["parallel/paths_per_block"]
+            assert entry["parallel/paths_per_block"] <= entry["parallel/paths_per_block_max"] <= 4
+        assert 0 <= entry["parallel/openings_alike"] <= 1 and 0 <= entry["parallel/self_bleu"] <= 1
+    assert max(entry["parallel/paths_per_block_max"] for entry in logs) > 2
+
+
 def _batch(trainer):
     """One generated and scored batch, as the training step receives it."""
     inputs = arithmetic_dataset().to_list()
