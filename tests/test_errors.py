@@ -55,6 +55,8 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
         ("grpo", [*grpo, "--num_pathz", "3"], "error: Some specified arguments are not used by the HfArgumentParser: ['--num_pathz', '3']"),
         ("grpo", [*grpo, "--rollout_mode", "plain"], "error: rollout_mode='plain' samples plain causal text"),
         ("grpo", [*grpo, "--rollout_mode", "trl"], "error: rollout_mode: 'trl' is now called 'plain'"),
+        ("grpo", [*grpo, "--num_paths", "3"], "error: num_paths is now called min_paths and max_paths (both K for K paths a block)"),
+        ("grpo", [*grpo, "--min_paths", "3", "--max_paths", "2"], "error: max_paths must be at least min_paths (3), got 2"),
         ("grpo", [*grpo, "--rollout_mode=trl"], "error: rollout_mode: 'trl' is now called 'plain'"),
         ("evaluate", ["--config", str(folder / "old_key.yaml")],
          f"error: recipe {folder / 'old_key.yaml'}: max_completion_tokens is now called max_completion_length"),

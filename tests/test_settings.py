@@ -122,6 +122,13 @@ def test_a_model_that_recorded_an_old_name_is_read_under_the_new_one(tmp_path):
     )
 
 
+def test_a_model_that_recorded_a_fixed_width_keeps_it(tmp_path):
+    """`num_paths: K`, recorded before a block's width could be chosen, reads as min_paths = max_paths = K."""
+    (tmp_path / "config.json").write_text(json.dumps({"parallel_r1": {"num_paths": 3, "max_blocks": 2}}))
+    assert read_settings(str(tmp_path)) == RolloutArguments(min_paths=3, max_paths=3, max_blocks=2)
+    assert read_settings(str(tmp_path), max_paths=5) == RolloutArguments(min_paths=3, max_paths=5, max_blocks=2)
+
+
 def test_a_model_that_recorded_an_old_value_is_read_with_the_new_one(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"parallel_r1": {"attention": "causal", "rollout_mode": "trl"}}))
     assert read_settings(str(tmp_path)).rollout_mode == "plain"
