@@ -241,11 +241,10 @@ class Demo:
         """RL moves the width the model chooses: a cold start with blocks of 2 to 4 attempts, SFT that trains the
         choice (min_paths 2, max_paths 4), and the runs of `WIDTH_RUNS` from it, each with the same budget."""
         self.prepare_base()
-        longer = ("--max_length", "224")  # a block of four attempts runs past the demo's 160 tokens
         self.cold_start("cold-start-width", "cold-start traces with blocks of 2 to 4 attempts",
-                        ("--model_name_or_path", "parallel_r1.testing.demo.task:varied_width_teacher", *longer))  # fmt: skip
+                        ("--model_name_or_path", "parallel_r1.testing.demo.task:varied_width_teacher"))  # fmt: skip
         self.sft("sft-width", "SFT on them (Unseen), the width a trained choice",
-                 ("--min_paths", "2", "--max_paths", "4", *longer), traces="cold-start-width")  # fmt: skip
+                 ("--min_paths", "2", "--max_paths", "4"), traces="cold-start-width")  # fmt: skip
         for label, (output, data, rewards) in WIDTH_RUNS.items():
             self.grpo(output, rewards, title=f"GRPO, the model chooses the width: {label}", start="sft-width",
                       recipe="grpo_width.yaml", data=data)  # fmt: skip

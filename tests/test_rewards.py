@@ -28,6 +28,7 @@ def completion(shape: str, correct: bool) -> str:
         "block": "Two ways. " + canonical_block([SAME, SAME], "both give 18") + " ",
         "diverse": "Two ways. " + canonical_block(list(OTHER), "both give 18") + " ",
         "two_blocks": canonical_block([SAME, SAME], "a") + canonical_block([SAME, SAME], "b"),
+        "wide": canonical_block([SAME] * 4, "a") + canonical_block([SAME] * 3, "b"),  # 2 + 1 paths beyond two
         "one_path": "<Parallel><Path>add</Path></Parallel>\n<Summary>18</Summary> ",  # malformed: too few paths
         "no_summary": "<Parallel><Path>a</Path><Path>b</Path></Parallel> ",  # malformed: no summary
     }
@@ -61,6 +62,7 @@ TABLE = {
     "well_formed": {(C, "none"): 1.0, (C, "block"): 1.0, (W, "two_blocks"): 1.0, (C, "one_path"): 0.0,
                     (C, "no_summary"): 0.0},
     "parallel": {(C, "none"): 0.0, (C, "block"): 1.0, (W, "block"): 1.0, (C, "one_path"): 0.0},
+    "path_cost": {(C, "none"): 0.0, (C, "block"): 0.0, (W, "two_blocks"): 0.0, (C, "wide"): -0.3, (W, "wide"): -0.3},
 }  # fmt: skip
 CASES = [(name, correct, shape, value) for name, table in TABLE.items() for (correct, shape), value in table.items()]
 
