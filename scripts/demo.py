@@ -36,7 +36,7 @@ import yaml
 from parallel_r1.durable import read_lines
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
 from parallel_r1.testing.demo.task import vote_report
-from parallel_r1.testing.demo.width import WIDTH_RUNS, plot_width, width_table
+from parallel_r1.testing.demo.width import WIDTH_RUNS, curve_table, plot_width, width_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes" / "demo"
@@ -251,7 +251,7 @@ class Demo:
         states = {label: self.out / output / "trainer_state.json" for label, (output, _, _) in WIDTH_RUNS.items()}
         out = self.out / "width"
         plot_width(states, out / "paths_per_block.png")
-        (out / "table.md").write_text(width_table(states) + "\n")
+        (out / "table.md").write_text(width_table(states) + "\n\n" + curve_table(states) + "\n")
         self.summary(out / "table.md", ["sft-width", *(output for output, _, _ in WIDTH_RUNS.values())],
                      out / "timings.md", cold_start="cold-start-width")  # fmt: skip
 

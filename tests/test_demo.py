@@ -363,7 +363,7 @@ def test_the_varied_width_teacher_writes_blocks_of_two_to_four_attempts_evenly()
 
 
 def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
-    from parallel_r1.testing.demo.width import plot_width, width_table
+    from parallel_r1.testing.demo.width import curve_table, plot_width, width_table
 
     states = {}
     for label, widths in (("narrows", [3.0, 3.0, 2.9, 2.5, 2.2, 2.1]), ("idle", [])):
@@ -377,6 +377,9 @@ def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
     table = width_table(states).splitlines()
     assert table[2].startswith("| narrows | 2.97 -> 2.27 | 50.00 -> 50.00 | 0.10 -> 0.40 |")
     assert table[3] == "| idle | - | - | - |"
+    curve = curve_table(states, every=10).splitlines()
+    assert curve[0] == "| step | narrows | idle |"
+    assert curve[2:] == ["| 5 | 3.00 | - |", "| 10 | 3.00 | - |", "| 20 | 2.50 | - |", "| 30 | 2.10 | - |"]
     assert plot_width(states, tmp_path / "width.png").exists()
 
 
@@ -394,7 +397,7 @@ def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     recorded = json.loads((out / "sft-width" / "config.json").read_text())["parallel_r1"]
     assert (recorded["min_paths"], recorded["max_paths"]) == (2, 4)
-    table = (out / "width" / "table.md").read_text().splitlines()
+    table = (out / "width" / "table.md").read_text().split("\n\n")[0].splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == list(WIDTH_RUNS)
     for line in table[2:]:
         start, end = (float(v) for v in line.split("|")[2].split("->"))

@@ -55,6 +55,17 @@ def width_table(states: dict) -> str:
     return "\n".join(lines)
 
 
+def curve_table(states: dict, every: int = 20) -> str:
+    """The paths-per-block curve of each run as text: one column per run, a row every `every` logged steps."""
+    curves = {label: dict(logged([state], WIDTH_KEY)) for label, state in states.items()}
+    steps = sorted({step for curve in curves.values() for step in curve if step % every == 0 or step == 5})
+    lines = ["| step | " + " | ".join(curves) + " |", "|" + "---|" * (len(curves) + 1)]
+    for step in steps:
+        cells = [f"{curve[step]:.2f}" if step in curve else "-" for curve in curves.values()]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_width(states: dict, path: Path) -> Path:
     """Paths per block over training steps, one line per run."""
     from ...evaluation.plots import _pyplot, _save
