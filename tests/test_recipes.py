@@ -31,7 +31,7 @@ STAGES = {
     "grpo": (
         sorted(RECIPES.glob("*/grpo/*.yaml"))
         + [RECIPES / n / "grpo.yaml" for n in ("tiny", "demo")]
-        + [RECIPES / "demo" / "grpo_plain.yaml"],
+        + [RECIPES / "demo" / "grpo_plain.yaml", RECIPES / "demo" / "grpo_width.yaml"],
         grpo_parser,
     ),
 }
