@@ -366,7 +366,7 @@ def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
     from parallel_r1.testing.demo.width import curve_table, plot_width, width_table
 
     states = {}
-    for label, widths in (("narrows", [3.0, 3.0, 2.9, 2.5, 2.2, 2.1]), ("idle", [])):
+    for label, widths in (("narrows", [3.0, 3.0, 2.9, 2.5, 2.2, 2.1]), ("once", [2.5]), ("idle", [])):
         history = [
             {"step": 5 * (i + 1), "parallel/paths_per_block": w, "parallel/openings_alike": 0.5,
              "rewards/accuracy/mean": 0.1 * i}
@@ -376,10 +376,15 @@ def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
         states[label].write_text(json.dumps({"log_history": history}))
     table = width_table(states).splitlines()
     assert table[2].startswith("| narrows | 2.97 -> 2.27 | 50.00 -> 50.00 | 0.10 -> 0.40 |")
-    assert table[3] == "| idle | - | - | - |"
+    assert table[3].startswith("| once | 2.50 -> 2.50 |") and table[4] == "| idle | - | - | - |"
     curve = curve_table(states, every=10).splitlines()
-    assert curve[0] == "| step | narrows | idle |"
-    assert curve[2:] == ["| 5 | 3.00 | - |", "| 10 | 3.00 | - |", "| 20 | 2.50 | - |", "| 30 | 2.10 | - |"]
+    assert curve[0] == "| step | narrows | once | idle |"
+    assert curve[2:] == [
+        "| 5 | 3.00 | 2.50 | - |",
+        "| 10 | 3.00 | - | - |",
+        "| 20 | 2.50 | - | - |",
+        "| 30 | 2.10 | - | - |",
+    ]
     assert plot_width(states, tmp_path / "width.png").exists()
 
 

@@ -91,6 +91,8 @@ def test_benchmark_metrics_on_fixed_records():
     assert m["cons@4"] == pytest.approx(0.5)
     assert m["parallel_ratio"] == pytest.approx(2 / 8) and m["format_valid"] == pytest.approx(7 / 8)
     assert m["blocks_per_completion"] == pytest.approx(4 / 8) and m["paths_per_block"] == pytest.approx(8 / 4)
+    assert (m["paths_per_block_min"], m["paths_per_block_max"]) == (1, 3)
+    assert m["openings_alike"] == 0.0  # records without the count (before it existed) read as none
     assert m["block_position"] == pytest.approx((0.25 + 0.5 + 0.75 + 0.0) / 4)
     total, critical = 20 + 40 + 6 * 10, 14 + 20 + 6 * 10
     assert m["tokens_total"] == pytest.approx(total / 8) and m["critical_over_total"] == pytest.approx(

@@ -111,6 +111,19 @@ def test_stats_total_and_critical_path():
     assert s.has_parallel and s.num_blocks == 1
 
 
+def test_a_path_decoded_after_the_concurrent_ones_counts_in_full_on_the_critical_path():
+    """D with `concurrent`: the first paths are decoded at once (only the longest counts), a path the model opened
+    later is decoded alone (all of it counts). The share of blocks whose paths open alike compares 3 units."""
+    text = "ab" + canonical_block(["xxxx", "yy", "zzz"], "ss") + canonical_block(["same", "samey"], "t")
+    lengths = [len(A) + n + len(AC) for n in (4, 2, 3)]
+    everything, first_two = stats(parse(text)), stats(parse(text), concurrent=2)
+    second = 2 * (len(A) + len(AC)) + 4 + 5
+    assert everything.critical == len(text) - (sum(lengths) - max(lengths)) - (second - (len(A) + len(AC) + 5))
+    assert first_two.critical == len(text) - min(lengths[:2]) - (second - (len(A) + len(AC) + 5))
+    assert first_two.total == everything.total == len(text)
+    assert everything.alike_blocks == 1  # "sam" twice in the second block; x, y, z open differently
+
+
 def test_strip_tags():
     assert strip_tags(GOOD) == "Let x be 3.x+1=44-x=1\nboth give 4 so Final Answer: 4"
 

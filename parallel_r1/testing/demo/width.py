@@ -34,8 +34,9 @@ WINDOW = 3  # logged points averaged at each end of a curve
 
 
 def ends(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """The mean of the first and of the last `WINDOW` points of a curve (fewer when it is short), or None."""
-    if len(points) < 2:
+    """The mean of the first and of the last `WINDOW` points of a curve (fewer when it is short: one point is both),
+    or None for no point."""
+    if not points:
         return None
     window = max(1, min(WINDOW, len(points) // 2))
     return sum(v for _, v in points[:window]) / window, sum(v for _, v in points[-window:]) / window
@@ -56,9 +57,11 @@ def width_table(states: dict) -> str:
 
 
 def curve_table(states: dict, every: int = 20) -> str:
-    """The paths-per-block curve of each run as text: one column per run, a row every `every` logged steps."""
+    """The paths-per-block curve of each run as text: one column per run, a row at the first and the last logged step
+    and every `every` steps between."""
     curves = {label: dict(logged([state], WIDTH_KEY)) for label, state in states.items()}
-    steps = sorted({step for curve in curves.values() for step in curve if step % every == 0 or step == 5})
+    logged_steps = sorted({step for curve in curves.values() for step in curve})
+    steps = [s for s in logged_steps if s % every == 0 or s in (logged_steps[0], logged_steps[-1])]
     lines = ["| step | " + " | ".join(curves) + " |", "|" + "---|" * (len(curves) + 1)]
     for step in steps:
         cells = [f"{curve[step]:.2f}" if step in curve else "-" for curve in curves.values()]
