@@ -7,9 +7,10 @@ The rule (docs/paper.md, Seen and Unseen), for the completion part of a sequence
 - Every path of a block restarts its positions at pos(`<Parallel>`) + 1 (a path's whitespace lead, if
   any, is part of the path). The first token after the paths gets pos(`<Parallel>`) + longest path + 1,
   where a path's length counts its lead and its tags. The prompt and the main text count up by one.
-- A width decision (`language.decision_points`: the token after the k-th `</Path>` of a block, min_paths <= k <
-  max_paths, which the model writes: `<Path>` or `</Parallel>`) reads the context and every path so far, as the
-  summary does. In line it could not: the `</Path>` before it sees its own path only. So it is predicted by a
+- A width decision (`language.decision_points`: the first token but whitespace after the k-th `</Path>` of a block,
+  min_paths <= k < max_paths, which the model writes: `<Path>` or `</Parallel>`) reads the context and every path so
+  far, as the summary does. In line it could not: the `</Path>` before it sees its own path only (and whitespace
+  after it, which a trace may have and a rollout never has, belongs to the next path or to none). So it is predicted by a
   *probe*: one more query token, `</Path>`, at pos(`<Parallel>`) + the longest of the paths so far (where the
   longest path's `</Path>` is, just before where `</Parallel>` goes), seeing everything before the decision and
   itself; nothing attends to it. A path the model opened is an isolated path like the others (positions from
@@ -38,6 +39,7 @@ from .tags.grammar import masked_logps
 from .tags.language import MIN_PATHS, PATH_CLOSE, Block, TagVocab, Text, decision_points, parse
 
 SUPPORTED_ATTENTION = ("sdpa",)
+PROBE = PATH_CLOSE  # the token a width decision's probe reads (the sampler's `Backend.probe` reads the same)
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class IsolatedForward:
         for row, probes_of_row in enumerate(found):
             for j, (column, position) in enumerate(probes_of_row):
                 at = length + j
-                ids[row, at], positions[row, at] = self.vocab.ids[PATH_CLOSE], position
+                ids[row, at], positions[row, at] = self.vocab.ids[PROBE], position
                 mask[row, at, : column + 1] = valid[row, : column + 1]  # outside every path: all that came before
                 source[row, column] = at
         mask |= torch.eye(width, dtype=torch.bool, device=device)
@@ -322,7 +324,7 @@ def tree_row(ids, completion_start: int, vocab: TagVocab, min_paths=MIN_PATHS, m
         for path in block.paths[1:]:
             first = completion_start + path.start
             for offset in range(path.length):
-                if offset or path.start not in decisions:  # a decision stays scored in line
+                if path.start + offset not in decisions:  # a decision (`<Path>`, after any lead) stays in line
                     source[first + offset - 1] = opener if offset == 0 else len(ext_ids) - 1
                 ext_ids.append(ids[first + offset])
                 positions.append(opener + 1 + offset)

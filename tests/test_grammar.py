@@ -42,10 +42,10 @@ def test_phases_follow_the_engine_layout():
     assert blocks[:2] == [0, 0] and blocks[2] == 1 and blocks[-1] == 2
 
 
-def test_ban_matrix_and_violations():
+def test_the_ban_mask_and_violations():
     g = grammar(max_blocks=1)
     ids = [TEXT, 1, 3, TEXT, 5, 4, 3, EOS, 4, 2, 9, 5, TEXT, 6, 1, EOS]
-    bans = g.ban_matrix(ids)
+    bans, _ = g.masks(ids)
     assert bans.shape == (len(ids), len(g.controlled))
     column = {token: j for j, token in enumerate(g.controlled)}
     assert not bans[0, column[1]]  # <Parallel> allowed before the first block
@@ -65,13 +65,16 @@ def test_width_decisions_allow_exactly_a_new_path_or_the_close():
     for ids, decision in ((wide, 8), (narrow, 8)):
         phases = [phase for phase, _ in g.phases(ids)]
         assert [i for i, p in enumerate(phases) if p == "decide"] == [decision]
-        assert g.decisions(ids).nonzero().flatten().tolist() == [decision]
+        assert g.masks(ids)[1].nonzero().flatten().tolist() == [decision]
         assert g.violations(ids) == []
     assert g.allowed("decide", 0) == g.only("decide") == {3, 2} and g.only("block") is None
     assert g.violations(narrow[:8] + [TEXT]) == [8]  # text where the width is decided
     assert g.violations(narrow[:8] + [EOS]) == [8]
+    # a block straight after one without its summary counts its own paths, from none
+    missing = [TEXT, 1, 3, TEXT, 4, 3, TEXT, 4, 2, 1, 3, TEXT, 4, 3, TEXT, 4, 2, 9, 5, TEXT, 6]
+    assert [i for i, (p, _) in enumerate(g.phases(missing)) if p == "decide"] == [8, 16]
     fixed = Grammar(VOCAB, frozenset({EOS}), 4, min_paths=2, max_paths=2)
-    assert "decide" not in [phase for phase, _ in fixed.phases(wide)] and not fixed.decisions(wide).any()
+    assert "decide" not in [phase for phase, _ in fixed.phases(wide)] and not fixed.masks(wide)[1].any()
 
 
 def test_masked_logps_renormalise_a_decision_over_its_two_ids():
@@ -90,7 +93,7 @@ def test_masked_logps_renormalise_a_decision_over_its_two_ids():
 @given(st.lists(st.integers(0, 9), max_size=40), st.integers(0, 3))
 def test_violations_are_the_banned_entries_of_the_matrix(ids, max_blocks):
     g = grammar(max_blocks)
-    bans = g.ban_matrix(ids)
+    bans, _ = g.masks(ids)
     column = {token: j for j, token in enumerate(g.controlled)}
     expected = [i for i, t in enumerate(ids) if t in column and bool(bans[i, column[t]])]
     assert g.violations(ids) == expected

@@ -136,7 +136,7 @@ def test_isolated_log_probs_are_the_structure_forward(tmp_path, tag_prone_dir, d
     grammar = Grammar(vocab, frozenset({trainer.processing_class.eos_token_id}), trainer.args.max_blocks)
     bans = torch.zeros((*real.shape, len(grammar.controlled)), dtype=torch.bool)
     for row, m in enumerate(real):
-        bans[row, m] = grammar.ban_matrix(batch["completion_ids"][row, m].tolist())
+        bans[row, m] = grammar.masks(batch["completion_ids"][row, m].tolist())[0]
     target = batch["completion_ids"]
     expected, _ = masked_logps(logits, target, bans, grammar.controlled, temperature=1.0)
     causal, _ = masked_logps(plain, target, bans, grammar.controlled, temperature=1.0)

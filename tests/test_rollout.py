@@ -14,9 +14,12 @@ from parallel_r1.tags.language import PARALLEL_OPEN, parse
 
 @pytest.mark.parametrize("attention, mode", [("isolated", "fork"), ("causal", "fork"), ("causal", "sequential")])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_kv_reuse_samples_what_the_naive_reference_samples(tag_prone, attention, mode, temperature):
-    """Same tokens, same log-probs: KV reuse vs re-prefill per request vs re-encoding at every token."""
+@pytest.mark.parametrize("widths", [(2, 2), (2, 4)])
+def test_kv_reuse_samples_what_the_naive_reference_samples(tag_prone, attention, mode, temperature, widths):
+    """Same tokens, same log-probs: KV reuse vs re-prefill per request vs re-encoding at every token (with chosen
+    widths, the probe too is read from the stream's KV, re-read, or re-encoded)."""
     settings = dict(attention=attention, rollout_mode=mode, max_completion_length=64)
+    settings.update(min_paths=widths[0], max_paths=widths[1])
     runs = {
         reuse: engine(tag_prone, reuse, temperature, **settings).generate(prompts(tag_prone[2]))
         for reuse in ("full", "per_request", "none")

@@ -189,3 +189,22 @@ def test_the_models_own_logit_processing_applies(tiny_tokenizer):
         tree = TreeForward(model, tag_vocab(tiny_tokenizer), 3)(ids, torch.ones_like(ids)).logits
     assert own.abs().max() <= 0.5  # softcapped
     torch.testing.assert_close(tree, own, atol=1e-5, rtol=0)
+
+
+def test_a_chosen_path_opened_after_whitespace_is_decided_in_line(tag_prone):
+    """A trace may put a newline between `</Path>` and the model's `<Path>`: the decision is that `<Path>`, and it is
+    scored from the row as written (which has read both paths), not from the new path's copy."""
+    from parallel_r1.structure import tree_row
+    from parallel_r1.tags.language import TAGS, decision_points
+
+    _, _, tokenizer, vocab = tag_prone
+    P, PC, A, AC, S, SC = (vocab.ids[t] for t in TAGS)
+    newline, x, y = tokenizer.encode("\n", add_special_tokens=False)[0], 300, 301
+    completion = [x, P, A, x, AC, A, y, AC, newline, A, x, y, AC, PC, newline, S, x, SC]
+    assert decision_points(completion, vocab, 2, 4) == [9, 13]  # the model's <Path> (after the newline), </Parallel>
+    prompt = [x, y]
+    row = tree_row(prompt + completion, len(prompt), vocab, 2, 4)
+    at = len(prompt) + 9
+    assert row.source[at - 1] == at - 1  # the decision: in line, after the newline that follows both paths
+    fixed = tree_row(prompt + completion, len(prompt), vocab, 3, 3)
+    assert fixed.source[at - 1] >= len(prompt + completion)  # a runtime <Path>: from the third path's copy

@@ -18,6 +18,7 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from ..data import DataArguments, load_problems, prompt_ids
+from ..rollout.arguments import concurrent_paths
 from . import records as rec
 from .config import parse_benchmarks
 from .metrics import summarize
@@ -53,7 +54,15 @@ class InTrainingEvaluation(TrainerCallback):
             for start in range(0, self.calls * self.batch, self.batch):
                 rollouts += trainer.evaluation_rollouts(prompts[start : start + self.batch], seed + start)
             records = [
-                rec.score(self.rows[n, i], s, r.completion_ids, r.finish, tokenizer, trainer.tag_vocab, args.min_paths)
+                rec.score(
+                    self.rows[n, i],
+                    s,
+                    r.completion_ids,
+                    r.finish,
+                    tokenizer,
+                    trainer.tag_vocab,
+                    concurrent_paths(args),
+                )
                 for (n, i, s), r in zip(mine, rollouts)
             ]
         summary = summarize(gather_object(records))

@@ -24,7 +24,7 @@ NO_TAGS = TagVocab(ids={})
 
 def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab, concurrent=None) -> dict:
     """The record of one completion. `problem` is a `problem_record`; `concurrent`: the paths of a block decoded at
-    once (min_paths; D counts the later ones in full, `language.stats`)."""
+    once (`rollout.arguments.concurrent_paths`; D counts the later ones in full, `language.stats`)."""
     text = tokenizer.decode(completion_ids, skip_special_tokens=True)
     shape = stats(parse(completion_ids, vocab or NO_TAGS), concurrent)  # in tokens; no tag tokens: all text
     return {

@@ -25,6 +25,7 @@ from ..cli import check_model_path
 from ..data import DataArguments, load_problems, prompt_ids
 from ..durable import check_settings
 from ..rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
+from ..rollout.arguments import concurrent_paths
 from ..rollout.vllm_backend import VLLMBackend
 from ..tags.tokens import eos_ids, has_parallel_tokens, tag_vocab
 from ..versions import versions
@@ -79,7 +80,7 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
                     try:
                         outputs = source.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
                         scored = [
-                            rec.score(rows[i], s, ids, finish, tokenizer, vocab, config.min_paths)
+                            rec.score(rows[i], s, ids, finish, tokenizer, vocab, concurrent_paths(config))
                             for (i, s), (ids, finish) in zip(batch, outputs)
                         ]
                     except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: the traceback

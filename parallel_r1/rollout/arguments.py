@@ -57,8 +57,9 @@ class ParallelArguments(PromptArguments):
     max_paths: int = field(
         default=2,
         metadata={
-            "help": "Paths a block may get. Above min_paths the model chooses: after each path it writes <Path> (one "
-            "more) or </Parallel> (done), a sampled and trained token; min_paths == max_paths fixes the width.",
+            "help": "Paths a block may get. Between min_paths and max_paths the model chooses: after each of those "
+            "paths it writes <Path> (one more) or </Parallel> (done), a sampled and trained token; min_paths == "
+            "max_paths fixes the width.",
         },
     )
 
@@ -126,6 +127,12 @@ class VLLMArguments:
     vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Offline vLLM: GPU memory share."})
     vllm_max_model_length: int | None = field(default=None, metadata={"help": "Offline vLLM: context length."})
     vllm_enforce_eager: bool = field(default=False, metadata={"help": "Offline vLLM: no CUDA graphs."})
+
+
+def concurrent_paths(settings) -> int | None:
+    """How many paths of a block the engine decodes at once, for D (`language.stats`): `min_paths` when the model
+    chooses the width (the later paths are decoded one at a time), None (all of them) when the width is fixed."""
+    return settings.min_paths if settings.min_paths < settings.max_paths else None
 
 
 def check_set_fields(args) -> None:

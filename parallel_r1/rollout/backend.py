@@ -15,7 +15,8 @@ ever does six things with them, for whole batches at once:
 - `probe(stream, token)`: a new stream that reads `token` after `stream`, outside every path, at the position of
   the last one `stream` has taken (`next position - 1`), without moving the positions on; after an isolated join
   that is pos(`<Parallel>`) + the longest path, where the isolated structure puts a width decision's probe
-  (`parallel_r1.structure`). `stream` is unchanged;
+  (`parallel_r1.structure`). `stream` is unchanged. A backend that reads joins causally (vLLM) returns a copy of
+  `stream`: its last `</Path>` already sees every path;
 - `decode(segments)`: continue many streams at once, each until one of its stop tokens, one of its
   end tokens, or its budget. All streams of all forks of a step go in one call.
 """

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from ..structure import PROBE
 from ..tags.grammar import Grammar
 from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..tags.tokens import tag_vocab
@@ -151,6 +152,7 @@ class ForkJoinEngine:
             end_ids=allowed & eos,
             closer=closer,
             banned=self.grammar.banned(phase, blocks),
+            only=self.grammar.only(phase),
         )
 
     def _segments(self, state: _State) -> list[Segment]:
@@ -163,8 +165,7 @@ class ForkJoinEngine:
             streams = state.decoding if self.fork else [state.stream]
             return [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
         if state.phase == "decide":
-            decision = self.grammar.decision_ids
-            return [Segment(state.decision_stream, max_new=1, stop_ids=decision, only=decision)]
+            return [self._segment(state.decision_stream, "decide", rollout.blocks, 1)]
         budget = max(1, min(cfg.max_summary_tokens, room - 1))
         return [self._segment(state.stream, "summary", rollout.blocks, budget, self.tag[SUMMARY_CLOSE])]
 
@@ -210,7 +211,7 @@ class ForkJoinEngine:
             state.stream = self.backend.join(state.parent, state.children, self.isolated)
         if state.paths < self.config.max_paths:
             probe = self.fork and self.isolated
-            state.decision_stream = self.backend.probe(state.stream, self.tag[PATH_CLOSE]) if probe else state.stream
+            state.decision_stream = self.backend.probe(state.stream, self.tag[PROBE]) if probe else state.stream
             state.phase = "decide"
             return
         self._close_block(state, [self.tag[PARALLEL_CLOSE]])

@@ -85,9 +85,10 @@ class VLLMBackend:
         return parent + [token for child in children for token in child[base:]]
 
     def probe(self, stream: list[int], token: int) -> list[int]:
-        """`stream` then `token`, read causally (vLLM has no other reading: the isolated probe's position and
-        mask are approximated, as the summary's are)."""
-        return [*stream, token]
+        """`stream` itself: vLLM reads a joined block causally, so its last `</Path>` already sees every path, which
+        is what the isolated probe stands for (the probe's position and mask are approximated, as the summary's
+        are; the mismatch is measured and corrected the same way)."""
+        return list(stream)
 
     def decode(self, segments: list[Segment]) -> list[Decoded]:
         if not segments:

@@ -6,8 +6,9 @@ many blocks it has opened (`max_blocks`) and on the widths a block may have (`mi
     main text         `<Parallel>` while fewer than `max_blocks` blocks were opened, no other tag; EOS allowed
     inside a path     `</Path>` only; EOS banned
     inside a summary  `</Summary>` only; EOS banned
-    a width decision  (`language.decision_points`: right after the k-th `</Path>` of a block, min_paths <= k <
-                      max_paths) exactly `<Path>` or `</Parallel>`, nothing else of the whole vocabulary
+    a width decision  (`language.decision_points`: the first token but whitespace after the k-th `</Path>` of a
+                      block, min_paths <= k < max_paths; in a rollout, right after it) exactly `<Path>` or
+                      `</Parallel>`, nothing else of the whole vocabulary
     elsewhere between the paths of a block, and from `</Parallel>` to `<Summary>`
                       the runtime writes these tokens (`<Path>` below min_paths, `</Parallel>` at max_paths, the
                       separator, `<Summary>`): nothing is sampled there, so nothing is banned
@@ -33,7 +34,16 @@ from types import SimpleNamespace
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .language import DECISION_TAGS, PARALLEL_OPEN, PATH_CLOSE, SUMMARY_CLOSE, TagVocab, decision_points, parser_states
+from .language import (
+    DECISION_TAGS,
+    MIN_PATHS,
+    PARALLEL_OPEN,
+    PATH_CLOSE,
+    SUMMARY_CLOSE,
+    TagVocab,
+    decision_points,
+    parser_states,
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +51,8 @@ class Grammar:
     vocab: TagVocab
     eos_ids: frozenset
     max_blocks: int
-    min_paths: int = 2
-    max_paths: int = 2
+    min_paths: int = MIN_PATHS
+    max_paths: int = MIN_PATHS  # equal: the width is fixed, no decision
 
     @cached_property
     def controlled(self) -> tuple:
@@ -93,22 +103,19 @@ class Grammar:
             if token in self.banned(phase, blocks) or (self.only(phase) is not None and token not in self.only(phase))
         ]
 
-    def decisions(self, completion_ids) -> torch.Tensor:
-        """Bool [len(ids)]: True where the token is a width decision (only `decision_ids` may be sampled)."""
-        decide = torch.zeros(len(completion_ids), dtype=torch.bool)
-        decide[decision_points(completion_ids, self.vocab, self.min_paths, self.max_paths)] = True
-        return decide
-
-    def ban_matrix(self, completion_ids) -> torch.Tensor:
-        """Bool [len(ids), len(controlled)]: True where that controlled id is banned before that token."""
+    def masks(self, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """From one reading of the ids: bool [len(ids), len(controlled)], True where that controlled id is banned
+        before that token, and bool [len(ids)], True where only `decision_ids` may be sampled (a width decision)."""
         keys, rows = {}, []
-        for key in self.phases(completion_ids):
+        phases = self.phases(completion_ids)
+        for key in phases:
             rows.append(keys.setdefault(key, len(keys)))
         controlled = torch.tensor(self.controlled)
         table = torch.zeros((max(len(keys), 1), len(self.controlled)), dtype=torch.bool)
         for key, k in keys.items():
             table[k] = torch.isin(controlled, torch.tensor(sorted(self.banned(*key)), dtype=torch.long))
-        return table[torch.tensor(rows, dtype=torch.long)]
+        only = torch.tensor([self.only(phase) is not None for phase, _ in phases], dtype=torch.bool)
+        return table[torch.tensor(rows, dtype=torch.long)], only
 
 
 CHUNK = 1024  # positions whose full-vocabulary scores are live at once in `masked_logps`
@@ -196,8 +203,7 @@ class GrammarForward:
         for row, (ids, keep) in enumerate(zip(completion.tolist(), valid.tolist())):
             real = [i for i, k in zip(ids, keep) if k]
             columns = torch.tensor(keep, dtype=torch.bool)
-            bans[row, columns] = self.grammar.ban_matrix(real)
-            only[row, columns] = self.grammar.decisions(real)
+            bans[row, columns], only[row, columns] = self.grammar.masks(real)
         logps, entropy = masked_logps(
             out.logits[:, :-1], completion, bans, self.grammar.controlled, self.temperature, only,
             self.grammar.decision_ids,

@@ -185,11 +185,11 @@ def decision_points(completion_ids, vocab: TagVocab, min_paths: int, max_paths: 
     `min_paths == max_paths` (every width is fixed)."""
     if min_paths >= max_paths:
         return []
-    closer, points, closed, pending = vocab.ids[PATH_CLOSE], [], 0, False
+    closer, opener, points, closed, pending = vocab.ids[PATH_CLOSE], vocab.ids[PARALLEL_OPEN], [], 0, False
     states = parser_states(completion_ids, vocab)
     for i, (token, state) in enumerate(zip(completion_ids, states)):
-        if state == "main":
-            closed = 0
+        if token == opener and state in ("main", "after_block"):  # a new block (after a summary, or none)
+            closed, pending = 0, False
         elif state == "path" and token == closer:
             closed += 1
             pending = min_paths <= closed < max_paths

@@ -35,6 +35,7 @@ from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
 from ..rewards.diversity import self_bleu
 from ..rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend
+from ..rollout.arguments import concurrent_paths
 from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tags.grammar import GrammarForward
@@ -282,9 +283,10 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
             ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"])
         ]
         parsed = [parse(ids, self.tag_vocab) for ids in completions]
-        shapes = [stats(p, self.args.min_paths) for p in parsed]
+        shapes = [stats(p, concurrent_paths(self.args)) for p in parsed]
         copied = [sum(path.length for block in p.blocks for path in block.paths[1:]) for p in parsed]
-        bleu = [self_bleu(p, self._tokenizer.decode) if p.blocks else 0.0 for p in parsed]
+        closed = [any(block.closed for block in p.blocks) for p in parsed]  # self-BLEU reads closed blocks only
+        bleu = [self_bleu(p, self._tokenizer.decode) if has else 0.0 for p, has in zip(parsed, closed)]
         device = self.accelerator.device
         rows = torch.tensor(
             [
@@ -299,28 +301,28 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
                     extra,
                     s.alike_blocks,
                     score,
-                    float(bool(p.blocks)),
+                    float(has),
                 ]
-                for s, extra, score, p in zip(shapes, copied, bleu, parsed)
+                for s, extra, score, has in zip(shapes, copied, bleu, closed)
             ],
             dtype=torch.float64,
             device=device,
         )
         totals = self.accelerator.gather(rows).sum(0).tolist()
         count = self.accelerator.gather(torch.tensor([len(shapes)], device=device)).sum().item()
-        parallel, well_formed, blocks, paths, positions, total, critical, copied, alike, bleu, with_blocks = totals
-        widths = [n for s in shapes for n in s.paths_per_block] or [0]
-        low = self.accelerator.gather(torch.tensor([min(widths)], device=device))
-        high = self.accelerator.gather(torch.tensor([max(widths)], device=device))
+        parallel, well_formed, blocks, paths, positions, total, critical, copied, alike, bleu, with_closed = totals
+        widths = [n for s in shapes for n in s.paths_per_block]  # every block, a cut one too (as in evaluation)
+        low = self.accelerator.gather(torch.tensor([min(widths, default=-1)], device=device))  # -1: no block
+        high = self.accelerator.gather(torch.tensor([max(widths, default=-1)], device=device))
         metrics = self._metrics[mode]
         metrics["parallel/ratio"].append(parallel / count)
         metrics["parallel/format_valid"].append(well_formed / count)
         metrics["parallel/blocks_per_completion"].append(blocks / count)
         metrics["parallel/paths_per_block"].append(paths / blocks if blocks else 0.0)
-        metrics["parallel/paths_per_block_min"].append(low[low > 0].min().item() if (low > 0).any() else 0.0)
-        metrics["parallel/paths_per_block_max"].append(high.max().item())
+        metrics["parallel/paths_per_block_min"].append(low[low >= 0].min().item() if blocks else 0.0)
+        metrics["parallel/paths_per_block_max"].append(high.max().item() if blocks else 0.0)
         metrics["parallel/openings_alike"].append(alike / blocks if blocks else 0.0)
-        metrics["parallel/self_bleu"].append(bleu / with_blocks if with_blocks else 0.0)
+        metrics["parallel/self_bleu"].append(bleu / with_closed if with_closed else 0.0)
         metrics["parallel/block_position"].append(positions / blocks if blocks else 0.0)
         metrics["parallel/tokens_total"].append(total / count)
         metrics["parallel/tokens_critical"].append(critical / count)
