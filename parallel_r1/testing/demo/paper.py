@@ -77,17 +77,23 @@ def block_positions(states: list[Path | str]) -> list[tuple[int, float]]:
     return [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
 
 
+def ends(points: list[tuple[int, float]], window: int = 3) -> tuple[float, float] | None:
+    """The mean of the first and of the last `window` points of a curve (fewer when it is short: one point is both),
+    or None for no point."""
+    if not points:
+        return None
+    window = max(1, min(window, len(points) // 2))
+    return sum(v for _, v in points[:window]) / window, sum(v for _, v in points[-window:]) / window
+
+
 def drift(curves: dict) -> dict:
-    """label -> (block position at the start, at the end) of each run's logged curve: the mean of its first and of
-    its last three points at which blocks were opened."""
+    """label -> (block position at the start, at the end) of each run's logged curve (`ends`), over its points at
+    which blocks were opened; a run with fewer than two such points has none."""
     out = {}
     for label, states in curves.items():
         points = block_positions(states)
         if len(points) >= 2:
-            window = max(1, min(3, len(points) // 2))
-            start = sum(v for _, v in points[:window]) / window
-            end = sum(v for _, v in points[-window:]) / window
-            out[label] = (start, end)
+            out[label] = ends(points)
     return out
 
 
@@ -161,15 +167,21 @@ def paper_table(results: dict, drifts: dict, records: dict) -> str:
 
 def plot_drift(curves: dict, path: Path) -> Path:
     """The block's relative position over training steps, one line per RL run that opened blocks."""
+    points = {label: block_positions(states) for label, states in curves.items()}
+    return plot_curves(points, path, "block position in the answer (0 start, 1 end)", "Where the block opens, over RL")
+
+
+def plot_curves(curves: dict, path: Path, ylabel: str, title: str) -> Path:
+    """label -> (step, value) points, one line each over training steps (a label without points is left out)."""
     from ...evaluation.plots import _pyplot, _save
 
     plt = _pyplot()
     fig, axis = plt.subplots(figsize=(8, 4))
-    for label, states in curves.items():
-        if points := block_positions(states):
+    for label, points in curves.items():
+        if points:
             axis.plot(*zip(*points), marker=".", label=label)
-    axis.set(xlabel="training step", ylabel="block position in the answer (0 start, 1 end)")
-    axis.set_title("Where the block opens, over RL")
+    axis.set(xlabel="training step", ylabel=ylabel)
+    axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     return _save(fig, path)

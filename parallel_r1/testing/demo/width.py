@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .paper import logged
+from .paper import ends, logged, plot_curves
 
 # label -> (the run's folder under the demo's output, its problems under data/, its reward specs)
 WIDTH_RUNS = {
@@ -30,16 +30,6 @@ SHOWN = {
     "alike openings %": "parallel/openings_alike",
     "accuracy reward": "rewards/accuracy/mean",
 }
-WINDOW = 3  # logged points averaged at each end of a curve
-
-
-def ends(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """The mean of the first and of the last `WINDOW` points of a curve (fewer when it is short: one point is both),
-    or None for no point."""
-    if not points:
-        return None
-    window = max(1, min(WINDOW, len(points) // 2))
-    return sum(v for _, v in points[:window]) / window, sum(v for _, v in points[-window:]) / window
 
 
 def width_table(states: dict) -> str:
@@ -71,15 +61,7 @@ def curve_table(states: dict, every: int = 20) -> str:
 
 def plot_width(states: dict, path: Path) -> Path:
     """Paths per block over training steps, one line per run."""
-    from ...evaluation.plots import _pyplot, _save
-
-    plt = _pyplot()
-    fig, axis = plt.subplots(figsize=(8, 4))
-    for label, state in states.items():
-        if points := logged([state], WIDTH_KEY):
-            axis.plot(*zip(*points), marker=".", label=label)
-    axis.set(xlabel="training step", ylabel="paths per block (the model's choice, 2 to 4)")
-    axis.set_title("The width the model chooses, over RL")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    return _save(fig, path)
+    curves = {label: logged([state], WIDTH_KEY) for label, state in states.items()}
+    return plot_curves(
+        curves, path, "paths per block (the model's choice, 2 to 4)", "The width the model chooses, over RL"
+    )
