@@ -97,8 +97,7 @@ class _State:
     parent: object = None  # fork: the stream through the block's <Parallel>
     children: list = field(default_factory=list)  # fork: the block's paths so far
     decoding: list = field(default_factory=list)  # fork: the paths being decoded now
-    paths: int = 0  # paths of the current block decoded so far
-    opened_by_model: bool = False  # the path being decoded was opened by a sampled <Path>
+    paths: int = 0  # paths of the current block decoded so far (from min_paths on, the model opened each)
     decision_stream: object = None  # what the width decision reads
 
 
@@ -187,7 +186,7 @@ class ForkJoinEngine:
             state.phase = "done"
         else:  # <Parallel> was sampled
             opener = [self.tag[PATH_OPEN]]
-            state.paths, state.opened_by_model = 0, False
+            state.paths = 0
             if self.fork:
                 state.parent = state.stream
                 state.children = self.backend.fork(state.stream, self.config.min_paths, self.isolated)
@@ -200,10 +199,10 @@ class ForkJoinEngine:
 
     def _after_paths(self, state: _State, results: list[Decoded]) -> None:
         for decoded in results:
-            if not state.opened_by_model:
+            if state.paths < self.config.min_paths:  # the runtime opened it; the model opens the later ones
                 self._insert(state.rollout, [self.tag[PATH_OPEN]])
             self._record(state.rollout, decoded)
-        state.paths += len(results)
+            state.paths += 1
         if state.paths < self.config.min_paths:  # sequential: the runtime opens the next path
             self.backend.append(state.stream, [self.tag[PATH_OPEN]])
             return
@@ -225,8 +224,7 @@ class ForkJoinEngine:
                 self.backend.append(state.stream, [token])
             self._close_block(state, [])
             return
-        state.opened_by_model = True  # <Path>: one more path
-        if self.fork:
+        if self.fork:  # <Path>: one more path
             (child,) = self.backend.fork(state.parent, 1, self.isolated, first=state.paths)
             self.backend.append(child, [token])
             state.children.append(child)
