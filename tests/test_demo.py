@@ -229,17 +229,20 @@ def test_a_function_teacher_that_cannot_be_loaded_is_named(tmp_path, name, messa
         make_teacher(config)
 
 
+def run_quick_demo(out: Path, *flags: str, timeout: int) -> subprocess.CompletedProcess:
+    """`scripts/demo.py --quick` with `flags` into `out`; it must succeed (its output's tail is the message)."""
+    result = subprocess.run(
+        [sys.executable, "scripts/demo.py", *flags, "--quick", "--output_dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
 @pytest.mark.slow
 def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
     out = tmp_path / "demo"
-    result = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--quick", "--output_dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_quick_demo(out, timeout=900)
     for model in ("base-init", "base", "base-special", "sft", "grpo", "grpo-plain"):
         assert (out / model / "config.json").exists(), model
     assert (out / "cold-start" / "train.parquet").exists() and (out / "cold-start" / "report.md").exists()
@@ -332,11 +335,7 @@ def test_a_shortened_demo_paper_writes_every_row_the_table_and_the_drift(tmp_pat
     """`scripts/demo.py --paper --quick`: every stage runs and writes its files, and the paper table parses (a row
     per run, five findings, each marked). Files, not findings: a quick run is a smoke test, not a result."""
     out = tmp_path / "paper"
-    result = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--paper", "--quick", "--output_dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_quick_demo(out, "--paper", timeout=1200)
     for model, _, _ in PAPER_ROWS.values():
         assert (out / model / "config.json").exists(), model
     table = (out / "paper" / "paper_table.md").read_text().splitlines()
@@ -395,11 +394,7 @@ def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path)
     from parallel_r1.testing.demo.width import WIDTH_RUNS
 
     out = tmp_path / "width"
-    result = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--width", "--quick", "--output_dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_quick_demo(out, "--width", timeout=1200)
     recorded = json.loads((out / "sft-width" / "config.json").read_text())["parallel_r1"]
     assert (recorded["min_paths"], recorded["max_paths"]) == (2, 4)
     table = (out / "width" / "table.md").read_text().split("\n\n")[0].splitlines()
