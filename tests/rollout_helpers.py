@@ -16,14 +16,14 @@ QUESTIONS = [
 ]
 
 
-def engine(setup, kv_reuse="full", temperature=1.0, seed=0, **config):
+def engine(setup, kv_reuse="full", temperature=1.0, seed=0, schedule="per_completion", **config):
     _, model, tokenizer, vocab = setup
     config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
     backend = TransformersBackend(
         model, Sampling(temperature=temperature, seed=seed), kv_reuse, tokenizer.pad_token_id
     )
     tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
-    return ForkJoinEngine(backend, tokens, RolloutArguments(**config))
+    return ForkJoinEngine(backend, tokens, RolloutArguments(**config), schedule)
 
 
 def prompts(tokenizer):

@@ -229,8 +229,10 @@ def samples_of(folder: Path) -> dict:
 
 
 def test_a_run_keeps_the_known_traces_and_reports_every_answer(teacher_dir, tmp_path):
+    """At temperature 0.5: at 1 the tiny teacher writes its taught trace only about 60% of the time, so a taught
+    problem could lose all three samples, and a slip that keeps the right answer could pass the filters."""
     out = tmp_path / "run"
-    report = generate_cold_start(tiny_run(teacher_dir, out))
+    report = generate_cold_start(tiny_run(teacher_dir, out, temperature=0.5))
     samples, rows = samples_of(out), rows_of(out)
     assert set(samples) == {(str(q), s) for q in range(5) for s in range(3)}
     assert {r["id"] for r in rows} >= {"0", "1", "2"}  # the problems it was taught

@@ -9,7 +9,7 @@ The rule each drill checks:
 - Evaluation (`scripts/evaluate.py`): a run killed mid-way and launched again with the same command writes the
   completions.jsonl, results.json and table.md of an uninterrupted run; its shard holds each (problem, sample) once.
 - Evaluation, a kill that tears a batch's write (its last line cut in half): nothing is lost or repeated and the
-  whole lines are kept as they were; the numbers equal an uninterrupted run's (xfail: batches are drawn anew).
+  whole lines are kept as they were; the completions and numbers equal an uninterrupted run's.
 
 Already drilled elsewhere, not repeated here: the cold-start SIGKILL (test_cold_start.py) and the in-process
 evaluation crash (test_evaluation.py). `scripts/generate.py` claims no resume (its --output is rewritten from the
@@ -223,14 +223,9 @@ def test_evaluation_torn_by_a_kill_loses_and_repeats_nothing(evaluation):
     assert results(torn)["benchmarks"] == json.loads(json.dumps(summarize(records)["benchmarks"]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a batch's sampling seed comes from its first (problem, sample) and its rows share one generator "
-    "(runner._batch_seed: 'a resumed run draws its batches anew'): after a torn batch the rest of that benchmark "
-    "is sampled in other batches, so the completions and numbers differ from an uninterrupted run's",
-)
 def test_evaluation_torn_by_a_kill_restarts_to_the_numbers_of_an_uninterrupted_one(evaluation):
+    """Each completion draws from its own seed (runner._completion_seed), so the completions that the torn batch
+    lost are sampled again in other batches exactly as the uninterrupted run sampled them."""
     whole, torn = evaluation["whole"], evaluation["torn"]
     assert read_lines(torn / "completions.jsonl") == read_lines(whole / "completions.jsonl")
     assert results(torn) == results(whole)

@@ -1,8 +1,5 @@
 """The fork-join engine on the transformers backend: exact, masked, budgeted, any K."""
 
-import hashlib
-import json
-
 import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
@@ -21,7 +18,7 @@ def test_kv_reuse_samples_what_the_naive_reference_samples(tag_prone, attention,
     settings = dict(attention=attention, rollout_mode=mode, max_completion_length=64)
     settings.update(min_paths=widths[0], max_paths=widths[1])
     runs = {
-        reuse: engine(tag_prone, reuse, temperature, **settings).generate(prompts(tag_prone[2]))
+        reuse: engine(tag_prone, reuse, temperature, **settings).generate(prompts(tag_prone[2]) * 2)
         for reuse in ("full", "per_request", "none")
     }
     assert any(r.blocks for r in runs["full"])
@@ -49,7 +46,7 @@ def test_what_is_trained_is_what_was_sampled(tag_prone, attention, mode, k, max_
         max_blocks=max_blocks,
         max_path_tokens=max_path_tokens,
     )
-    rollouts = engine(tag_prone, **config).generate(prompts(tokenizer))
+    rollouts = engine(tag_prone, **config).generate(prompts(tokenizer) * 2)
     assert sum(r.blocks for r in rollouts) >= 3
     if max_blocks == 1:
         assert any(r.blocks == 1 and len(r.completion_ids) > 0 for r in rollouts)  # the limit is reached
@@ -192,29 +189,48 @@ def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):
     assert tokenizer.decode(tokens.separator_ids) == "\n" and tokens.vocab is vocab
 
 
-FIXED_WIDTH_RUNS = {
+RUNS = {
     "isolated-fork-2": dict(attention="isolated", rollout_mode="fork"),
     "isolated-fork-3": dict(attention="isolated", rollout_mode="fork", min_paths=3, max_paths=3),
     "tree-fork-2": dict(attention="tree", rollout_mode="fork"),
     "causal-sequential-3": dict(attention="causal", rollout_mode="sequential", min_paths=3, max_paths=3),
+    "isolated-fork-2..4": dict(attention="isolated", rollout_mode="fork", min_paths=2, max_paths=4),
+    "tree-fork-2..4": dict(attention="tree", rollout_mode="fork", min_paths=2, max_paths=4),
 }
 
 
-def test_fixed_width_rollouts_are_those_of_the_engine_before_chosen_widths(tag_prone):
-    """A guard: each fixed-width run samples, token for token, what the engine sampled before the model could choose
-    a block's width (digests of the completion ids and masks at a9d702e)."""
-    digests = {}
-    for name, settings in FIXED_WIDTH_RUNS.items():
-        rollouts = engine(tag_prone, max_completion_length=200, **settings).generate(prompts(tag_prone[2]))
-        assert sum(r.blocks for r in rollouts) >= 2
-        text = json.dumps([[r.completion_ids, r.env_mask] for r in rollouts])
-        digests[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
-    assert digests == {
-        "isolated-fork-2": "33869a720ffdc355",
-        "isolated-fork-3": "433d6e09fb972d6f",
-        "tree-fork-2": "17a28b083cf7f9ca",
-        "causal-sequential-3": "e29bf02c0c4bb930",
-    }
+@pytest.mark.parametrize("name", RUNS)
+def test_a_completion_does_not_depend_on_its_batch_or_schedule(tag_prone, name):
+    """A completion's tokens are a function of its prompt and its seed: the same when it is decoded alone, in a
+    batch in another order, or in batch-wide rounds (each stream draws from its own random numbers)."""
+    _, _, tokenizer, _ = tag_prone
+    batch = prompts(tokenizer) * 2
+    seeds = [1000 + i for i in range(len(batch))]
+    config = dict(max_completion_length=200, max_path_tokens=16, **RUNS[name])
+    together = engine(tag_prone, **config).generate(batch, seeds=seeds)
+    assert sum(r.blocks for r in together) >= 3
+    order = list(reversed(range(len(batch))))
+    reordered = engine(tag_prone, **config).generate([batch[i] for i in order], seeds=[seeds[i] for i in order])
+    rounds = engine(tag_prone, schedule="rounds", **config).generate(batch, seeds=seeds)
+    for i, rollout in enumerate(together):
+        (alone,) = engine(tag_prone, **config).generate([batch[i]], seeds=[seeds[i]])
+        for other in (alone, reordered[order.index(i)], rounds[i]):
+            assert other.completion_ids == rollout.completion_ids and other.env_mask == rollout.env_mask
+            torch.testing.assert_close(torch.tensor(other.logprobs), torch.tensor(rollout.logprobs), atol=1e-5, rtol=0)
+
+
+def test_seeds_decide_the_completions(tag_prone):
+    """Other seeds, other completions; the backend's own seed (Sampling.seed) gives each call new seeds."""
+    _, _, tokenizer, _ = tag_prone
+    batch = prompts(tokenizer)
+    first = engine(tag_prone, seed=3).generate(batch, seeds=list(range(len(batch))))
+    other = engine(tag_prone, seed=3).generate(batch, seeds=list(range(100, 100 + len(batch))))
+    assert [r.completion_ids for r in first] != [r.completion_ids for r in other]
+    backend_engine = engine(tag_prone, seed=3)
+    call_1, call_2 = backend_engine.generate(batch), backend_engine.generate(batch)
+    assert [r.completion_ids for r in call_1] != [r.completion_ids for r in call_2]
+    again = engine(tag_prone, seed=3).generate(batch)
+    assert [r.completion_ids for r in again] == [r.completion_ids for r in call_1]
 
 
 def _decisions(rollouts, vocab, widths) -> dict:
@@ -239,7 +255,7 @@ def test_chosen_widths_are_trained_as_sampled(tag_prone, attention, mode, widths
     _, _, tokenizer, vocab = tag_prone
     config = dict(attention=attention, rollout_mode=mode, min_paths=widths[0], max_paths=widths[1])
     config.update(max_blocks=max_blocks, max_completion_length=cap, max_path_tokens=12)
-    rollouts = engine(tag_prone, seed=sum(widths), **config).generate(prompts(tokenizer) * 2)
+    rollouts = engine(tag_prone, seed=sum(widths), **config).generate(prompts(tokenizer) * 3)
     counts = _decisions(rollouts, vocab, widths)
     if cap < 100:  # cut inside blocks, with decisions made before the cut
         assert any(not parse(r.completion_ids, vocab).well_formed for r in rollouts) and sum(counts.values()) > 0

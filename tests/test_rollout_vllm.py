@@ -160,3 +160,47 @@ def test_server_mode_generates_the_same_rollouts(tag_prone, server):
     ours = engine(tag_prone, temperature=0.0, **chosen).generate(prompts(tokenizer))
     theirs = vllm_engine(tag_prone, backend, **chosen).generate(prompts(tokenizer))
     assert [a.completion_ids for a in ours] == [b.completion_ids for b in theirs]
+
+
+def test_a_completion_does_not_depend_on_its_batch_on_vllm(tag_prone, llm):
+    """Every request has its own seed, from its stream's key: decoded alone or beside eleven others, in fork mode
+    at temperature 1, a completion is the same (the K requests of a fork still draw different paths)."""
+    _, _, tokenizer, vocab = tag_prone
+    batch, seeds = prompts(tokenizer) * 2, list(range(500, 512))
+    config = dict(attention="tree", rollout_mode="fork", min_paths=2, max_paths=4, max_completion_length=200)
+    together = vllm_engine(tag_prone, VLLMBackend(llm=llm, sampling=Sampling(1.0)), **config).generate(batch, seeds)
+    assert sum(r.blocks for r in together) >= 3
+    for i in (0, 5, 11):
+        (alone,) = vllm_engine(tag_prone, VLLMBackend(llm=llm, sampling=Sampling(1.0)), **config).generate(
+            [batch[i]], [seeds[i]]
+        )
+        assert alone.completion_ids == together[i].completion_ids
+    blocks = [b for r in together for b in parse(r.completion_ids, vocab).blocks if b.closed]
+    assert any(len({path.body for path in block.paths}) > 1 for block in blocks)
+
+
+class _GatedClient:
+    """A stand-in for TRL's VLLMClient whose answers wait until `expected` requests are in flight at once."""
+
+    def __init__(self, expected: int):
+        import threading
+
+        self.barrier = threading.Barrier(expected, timeout=20)
+
+    def generate(self, prompts, n, generation_kwargs, max_tokens, **fixed):
+        self.barrier.wait()  # breaks (and the test fails) if the requests come one after another
+        (prompt,) = prompts
+        return {"completion_ids": [[7] * max_tokens], "logprobs": [[[-1.0]] * max_tokens]}
+
+
+def test_server_mode_sends_the_segments_of_a_batch_at_once():
+    """Server mode: each segment is a request of its own, in flight together, not one blocking call after another."""
+    from parallel_r1.rollout.backend import Segment
+
+    backend = VLLMBackend(client=_GatedClient(4), sampling=Sampling(temperature=1.0), vocab_size=16)
+    segments = [Segment(stream, max_new=3) for stream in backend.start([[1, 2]] * 4, seeds=[1, 2, 3, 4])]
+    backend.submit(segments)
+    done = {}
+    while len(done) < 4:
+        done.update(backend.step())
+    assert all(done[s].tokens == [7, 7, 7] and s.stream.ids == [1, 2, 7, 7, 7] for s in segments)

@@ -80,7 +80,11 @@ class ColdStartConfig(DataArguments, PromptArguments, SamplingArguments, VLLMArg
         default=5, metadata={"help": "openai: retries of a failed request, with exponential back-off."}
     )
     chunk_size: int = field(
-        default=1024, metadata={"help": "vllm: answers per generate call (each call's answers are saved at its end)."}
+        default=1024,
+        metadata={
+            "help": "vllm and transformers: answers decoded at once (the next request starts as soon as one ends; "
+            "each answer is saved as soon as it is written)."
+        },
     )
     vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vllm: GPUs per model replica."})
 

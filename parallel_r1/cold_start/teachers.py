@@ -4,8 +4,9 @@ server (or ask a Python function: a programmatic teacher), and hand each answer 
 `make_teacher(config)` builds one; `teacher.ask(requests)` yields `(request, answer)` pairs, in any order, where an
 answer is an `Answer` or, for a request that failed for good (a server that kept refusing), the exception. Every
 request carries its own seed (`sample_seed`), so the answer to (problem, sample) does not depend on what else is
-asked with it: a restarted run draws the same answers. The transformers backend draws the samples of a problem
-together, under the problem's seed (`problem_seed`): it is asked for whole problems and answers the samples asked.
+asked with it: a restarted run draws the same answers (token for token with transformers; vLLM's kernels are not
+batch-invariant). The transformers and vLLM teachers decode through the rollout's backends
+(`rollout.plain_decode`): answers come out, and are saved, as each one ends.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from itertools import groupby
 
-from ..tags.tokens import eos_ids
+from ..tags.tokens import eos_ids, saved_eos_ids
 from .config import ColdStartConfig
 
 logger = logging.getLogger(__name__)
@@ -37,10 +37,6 @@ class Answer:
     text: str
     finish: str  # the backend's finish reason: "stop" (ended on its own), "length" (cut by max_new_tokens), ...
     tokens: int | None  # tokens the teacher wrote, when known
-
-
-def problem_seed(seed: int, question_id: str) -> int:
-    return zlib.crc32(f"{seed}/{question_id}".encode())
 
 
 def sample_seed(seed: int, question_id: str, sample: int) -> int:
@@ -92,64 +88,47 @@ class FunctionTeacher:
 
 
 class TransformersTeacher:
-    """`generate` on one problem at a time (no padding, so no batch effects): for small runs and tests."""
+    """The rollout's transformers backend, decoding plainly: `chunk_size` answers at once, the next request starting
+    as soon as one ends; for small runs and tests."""
 
     def __init__(self, config: ColdStartConfig):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from ..rollout import Sampling, TransformersBackend
+
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path, revision=config.model_revision)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             config.model_name_or_path, revision=config.model_revision, dtype=config.dtype
         ).to(device)
-        self.model.eval()
-        self.eos = eos_ids(self.tokenizer, self.model.generation_config)
+        model.eval()
+        self.eos = eos_ids(self.tokenizer, model.generation_config)
         if not self.eos:
             raise ValueError(f"{config.model_name_or_path} names no end-of-sequence token: it could not stop")
-        pad = self.tokenizer.pad_token_id
-        self.pad = min(self.eos) if pad is None else pad
+        sampling = Sampling(temperature=config.temperature, top_p=config.top_p)
+        self.backend = TransformersBackend(model, sampling, pad_token_id=self.tokenizer.pad_token_id or 0)
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
         import torch
 
-        cfg = self.config
-        for question_id, group in groupby(requests, key=lambda r: r.question_id):
-            group = list(group)
-            prompt = self.tokenizer.apply_chat_template(
-                group[0].messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )
-            prompt = {k: v.repeat(cfg.num_samples, 1).to(self.model.device) for k, v in prompt.items()}  # no padding
-            torch.manual_seed(problem_seed(cfg.seed, question_id))
-            sampling = {"do_sample": False}
-            if cfg.temperature > 0:
-                sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
-            with torch.no_grad():
-                output = self.model.generate(
-                    **prompt,
-                    **sampling,
-                    max_new_tokens=cfg.max_new_tokens,
-                    eos_token_id=sorted(self.eos),
-                    pad_token_id=self.pad,
-                )
-            written = output[:, prompt["input_ids"].shape[1] :].tolist()
-            for request in group:
-                ids = written[request.sample]
-                end = next((i for i, t in enumerate(ids) if t in self.eos), None)
-                ids = ids if end is None else ids[:end]
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                yield request, Answer(text, "length" if end is None else "stop", len(ids) + (end is not None))
+        with torch.no_grad():
+            yield from _plain_answers(self.backend, self.tokenizer, self.eos, self.config, requests)
 
 
 class VLLMTeacher:
-    """An offline `vllm.LLM` (tensor parallel over `vllm_tensor_parallel_size` GPUs), `chunk_size` answers a call."""
+    """An offline `vllm.LLM` (tensor parallel over `vllm_tensor_parallel_size` GPUs): `chunk_size` requests in its
+    engine at once, the next one added as soon as one ends."""
 
     def __init__(self, config: ColdStartConfig):
         from vllm import LLM
 
+        from ..rollout import Sampling
+        from ..rollout.vllm_backend import VLLMBackend
+
         self.config = config
-        self.llm = LLM(
+        llm = LLM(
             model=config.model_name_or_path,
             revision=config.model_revision,
             dtype=config.dtype,
@@ -160,23 +139,28 @@ class VLLMTeacher:
             enforce_eager=config.vllm_enforce_eager,
             enable_prefix_caching=True,
         )
+        self.tokenizer = llm.get_tokenizer()
+        self.eos = saved_eos_ids(self.tokenizer, config.model_name_or_path, config.model_revision)
+        self.backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=config.temperature, top_p=config.top_p))
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
-        from vllm import SamplingParams
+        yield from _plain_answers(self.backend, self.tokenizer, self.eos, self.config, requests)
 
-        cfg = self.config
-        for start in range(0, len(requests), cfg.chunk_size):
-            chunk = requests[start : start + cfg.chunk_size]
-            params = [
-                SamplingParams(
-                    temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, seed=r.seed
-                )
-                for r in chunk
-            ]
-            outputs = self.llm.chat([r.messages for r in chunk], params, use_tqdm=False)
-            for request, output in zip(chunk, outputs):
-                completion = output.outputs[0]
-                yield request, Answer(completion.text, str(completion.finish_reason), len(completion.token_ids))
+
+def _plain_answers(backend, tokenizer, eos: set, config: ColdStartConfig, requests: list[Request]):
+    """Each request's answer, decoded plainly from its chat prompt under its own seed, in the order they end."""
+    from ..rollout import plain_decode
+
+    prompts = [
+        list(tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        for r in requests
+    ]
+    seeds = [r.seed for r in requests]
+    for i, rollout in plain_decode(backend, prompts, config.max_new_tokens, eos, seeds, window=config.chunk_size):
+        ids = rollout.completion_ids
+        ended = rollout.finish == "eos"
+        text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
+        yield requests[i], Answer(text, "stop" if ended else "length", len(ids))
 
 
 class EndpointTeacher:

@@ -27,7 +27,7 @@ from ..durable import check_settings
 from ..rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.arguments import concurrent_paths
 from ..rollout.vllm_backend import VLLMBackend
-from ..tags.tokens import eos_ids, has_parallel_tokens, tag_vocab
+from ..tags.tokens import has_parallel_tokens, saved_eos_ids, tag_vocab
 from ..versions import versions
 from . import records as rec
 from .config import EvaluationConfig
@@ -78,7 +78,9 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
                     batch = mine[start : start + config.batch_size]
                     prompts = [prompt_ids(tokenizer, problems[i]["prompt"]) for i, _ in batch]
                     try:
-                        outputs = source.sample(prompts, seed=_batch_seed(config.seed, name, batch[0]))
+                        outputs = source.sample(
+                            prompts, [_completion_seed(config.seed, name, *item) for item in batch]
+                        )
                         scored = [
                             rec.score(rows[i], s, ids, finish, tokenizer, vocab, concurrent_paths(config))
                             for (i, s), (ids, finish) in zip(batch, outputs)
@@ -125,7 +127,7 @@ class _CompletionSource:
     def __init__(self, config: EvaluationConfig, model_args, tokenizer, vocab, state):
         self.config, self.tokenizer = config, tokenizer
         path = model_args.model_name_or_path
-        self.eos = eos_ids(tokenizer, _generation_config(path, model_args.model_revision))
+        self.eos = saved_eos_ids(tokenizer, path, model_args.model_revision)
         self.model = self.llm = self.client = None
         self.rollout = self.tokens = None
         if config.rollout_mode != "plain":
@@ -164,39 +166,31 @@ class _CompletionSource:
             self.client = VLLMClient(base_url=config.vllm_server_url)
             self.vocab_size = AutoConfig.from_pretrained(path).get_text_config().vocab_size
 
-    def _backend(self, seed: int):
-        sampling = Sampling(self.config.temperature, self.config.top_p, self.config.top_k, seed)
+    def _backend(self):
+        sampling = Sampling(self.config.temperature, self.config.top_p, self.config.top_k, self.config.seed)
         if self.model is not None:
             return TransformersBackend(self.model, sampling, pad_token_id=self.tokenizer.pad_token_id)
         if self.llm is not None:
             return VLLMBackend(llm=self.llm, sampling=sampling)
         return VLLMBackend(client=self.client, sampling=sampling, vocab_size=self.vocab_size)
 
-    def sample(self, prompts: list, seed: int) -> list:
+    def sample(self, prompts: list, seeds: list[int]) -> list:
+        """(ids, finish) of one completion per prompt, completion i drawn from `seeds[i]`."""
         import torch
 
-        cfg, backend = self.config, self._backend(seed)
+        cfg, backend = self.config, self._backend()
         with torch.no_grad():
             if cfg.rollout_mode == "plain":
-                rollouts = plain_rollouts(backend, prompts, cfg.max_completion_length, self.eos)
+                rollouts = plain_rollouts(backend, prompts, cfg.max_completion_length, self.eos, seeds)
             else:
-                rollouts = ForkJoinEngine(backend, self.tokens, self.rollout).generate(prompts)
+                rollouts = ForkJoinEngine(backend, self.tokens, self.rollout).generate(prompts, seeds)
             return [(r.completion_ids, r.finish) for r in rollouts]
 
 
-def _batch_seed(seed: int, benchmark: str, first: tuple) -> int:
-    """A seed per batch, from the run's seed and the batch's first item: a resumed run draws its batches anew."""
-    return zlib.crc32(f"{seed}/{benchmark}/{first[0]}/{first[1]}".encode())
-
-
-def _generation_config(path: str, revision: str | None):
-    """The model's generation config, or None if it has no such file."""
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(path, revision=revision)
-    except OSError:
-        return None
+def _completion_seed(seed: int, benchmark: str, problem: int, sample: int) -> int:
+    """A completion's own seed, from the run's seed and which completion it is: however the completions are batched,
+    split between processes or resumed, each one draws the same random numbers."""
+    return zlib.crc32(f"{seed}/{benchmark}/{problem}/{sample}".encode())
 
 
 def _check_settings(folder: Path, config: EvaluationConfig, model_args) -> None:

@@ -8,7 +8,7 @@ from .arguments import (
     RolloutArguments,
 )
 from .backend import Backend, Decoded, Sampling, Segment
-from .engine import EngineTokens, ForkJoinEngine, Rollout, plain_rollouts
+from .engine import EngineTokens, ForkJoinEngine, Rollout, plain_decode, plain_rollouts
 from .hf_backend import TransformersBackend
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "Sampling",
     "Segment",
     "TransformersBackend",
+    "plain_decode",
     "plain_rollouts",
 ]

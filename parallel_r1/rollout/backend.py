@@ -1,9 +1,10 @@
 """What the fork-join engine asks of a decoding backend.
 
-A backend holds *streams*: decoding contexts (a prompt and what follows it). The engine only
-ever does six things with them, for whole batches at once:
+A backend holds *streams*: decoding contexts (a prompt and what follows it). The engine does eight things with
+them:
 
-- `start(prompts)`: one stream per prompt (token ids);
+- `start(prompts, seeds)`: one stream per prompt (token ids); `seeds[i]` is the completion's own random stream
+  (`completion_seeds`), from which every token of that completion is drawn;
 - `append(stream, ids)`: add tokens the runtime inserts (they are read, never sampled);
 - `fork(stream, k, isolated, first=0)`: k children that continue the same context independently, as paths
   `first`, ..., `first + k - 1` of one block (`first > 0`: paths added to the block forked last, which the model
@@ -17,8 +18,17 @@ ever does six things with them, for whole batches at once:
   that is pos(`<Parallel>`) + the longest path, where the isolated structure puts a width decision's probe
   (`parallel_r1.structure`). `stream` is unchanged. A backend that reads joins causally (vLLM) returns a copy of
   `stream`: its last `</Path>` already sees every path;
-- `decode(segments)`: continue many streams at once, each until one of its stop tokens, one of its
-  end tokens, or its budget. All streams of all forks of a step go in one call.
+- `submit(segments)`: start continuing these streams, each until one of its stop tokens, one of its end tokens,
+  or its budget;
+- `release(stream)`: the completion of `stream` is over (the backend may forget what it keeps for it);
+- `step()`: advance every submitted segment by one decoding step (the transformers backend: one model forward
+  over every stream that has tokens to read; vLLM: one engine step, or the next server answer) and return the
+  segments that ended in it, with what they produced. A segment submitted between two steps joins the next one:
+  nothing waits for the others of its batch.
+
+Sampling does not depend on scheduling: the i-th token a stream draws comes from a uniform number that is a
+function of the stream's key (its completion's seed and its place in the completion: which block, which path)
+and of i alone (`stream_uniform`, `request_seed`), whatever else is decoded beside it and whenever it finishes.
 """
 
 from __future__ import annotations
@@ -26,10 +36,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
+_MASK64 = (1 << 64) - 1
+
 
 @dataclass(frozen=True)
 class Sampling:
-    """How tokens are drawn. temperature 0 is greedy (its log-probs are those of the raw logits)."""
+    """How tokens are drawn. temperature 0 is greedy (its log-probs are those of the raw logits). `seed` seeds the
+    backend's generator, which gives each call's completions their seeds (`completion_seeds`)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -37,9 +52,9 @@ class Sampling:
     seed: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Segment:
-    """One stream to continue.
+    """One stream to continue (compared and hashed by identity: `step` returns the very objects submitted).
 
     Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` or
     `end_ids` (kept; finish "stop" or "end"). When the budget runs out first, the `closer` (if any) is
@@ -67,7 +82,7 @@ class Decoded:
 
 
 class Backend(Protocol):
-    def start(self, prompts: list[list[int]]) -> list: ...
+    def start(self, prompts: list[list[int]], seeds: list[int] | None = None) -> list: ...
 
     def append(self, stream, ids: list[int]) -> None: ...
 
@@ -77,7 +92,11 @@ class Backend(Protocol):
 
     def probe(self, stream, token: int): ...
 
-    def decode(self, segments: list[Segment]) -> list[Decoded]: ...
+    def submit(self, segments: list[Segment]) -> None: ...
+
+    def step(self) -> list[tuple[Segment, Decoded]]: ...
+
+    def release(self, stream) -> None: ...
 
 
 def finish_segment(segment: Segment, tokens: list[int], logprobs: list[float]) -> Decoded:
@@ -97,3 +116,48 @@ def finish_segment(segment: Segment, tokens: list[int], logprobs: list[float]) -
         logprobs.append(0.0)
         out.sampled.append(False)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- randomness
+
+
+def _mix(value: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that scatters every input bit over the output."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _hash(*parts: int) -> int:
+    """A 64-bit hash of a sequence of integers (negative ones included), the same in every process."""
+    value = 0
+    for part in parts:
+        value = _mix(value ^ (part & _MASK64))
+    return value
+
+
+FORK, JOIN, PROBE = 0, 1, 2  # how a stream was derived from another: part of its key
+
+
+def derived_key(key: tuple, kind: int, *index: int) -> tuple:
+    """The key of a stream derived from the stream with `key`: a path (FORK, block, path), the context after a
+    join (JOIN, block, paths joined) or a probe (PROBE, draws of the probed stream). Every stream of a completion
+    has its own key, so no two of them draw the same numbers."""
+    return (*key, kind, *index)
+
+
+def completion_seeds(generator: torch.Generator, count: int) -> list[int]:
+    """`count` completion seeds for one call: one draw from `generator`, then one seed per completion index."""
+    base = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return [_hash(base, index) for index in range(count)]
+
+
+def stream_uniform(key: tuple, draw: int) -> float:
+    """The uniform number in [0, 1) behind the `draw`-th token of the stream with this key (53 random bits)."""
+    return (_hash(*key, draw) >> 11) * 2.0**-53
+
+
+def request_seed(key: tuple, draw: int) -> int:
+    """A vLLM request seed for a segment that starts at the stream's `draw`-th token (63 bits)."""
+    return _hash(*key, draw) >> 1

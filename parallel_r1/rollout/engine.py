@@ -1,6 +1,8 @@
-"""The fork-join rollout engine: a small state machine over a decoding backend.
+"""The fork-join rollout engine: a small state machine per completion over a decoding backend.
 
-Each completion moves through its phases, all completions of a call together:
+Each completion moves through its phases on its own schedule: as soon as the segments of one phase have ended
+(a main stretch; a block's paths, decoded concurrently; a width decision; a summary), the next phase's segments
+go to the backend, which decodes them beside whatever other completions are doing:
 
     main     decode until <Parallel> or EOS
     paths    min_paths paths, each = context + <Path> (inserted), decoded until </Path>;
@@ -34,7 +36,10 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tqdm.auto import tqdm
 
@@ -99,13 +104,32 @@ class _State:
     decoding: list = field(default_factory=list)  # fork: the paths being decoded now
     paths: int = 0  # paths of the current block decoded so far (from min_paths on, the model opened each)
     decision_stream: object = None  # what the width decision reads
+    waiting: list = field(default_factory=list)  # the segments of the current phase, in order
+    results: dict = field(default_factory=dict)  # those that ended, with what they produced
+
+    def release(self) -> None:
+        """Let go of every stream (and so of the cache rows they hold)."""
+        self.stream = self.parent = self.decision_stream = None
+        self.children, self.decoding, self.waiting, self.results = [], [], [], {}
 
 
 class ForkJoinEngine:
-    def __init__(self, backend: Backend, tokens: EngineTokens, config: RolloutArguments):
+    """Rollouts of `config` on `backend`. `schedule`: "per_completion" (each completion moves to its next phase
+    as soon as its own segments end) or "rounds" (every completion waits until all the segments of the batch have
+    ended, as earlier versions did: the baseline of `benchmarks/bench_scheduling.py`)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        tokens: EngineTokens,
+        config: RolloutArguments,
+        schedule: Literal["per_completion", "rounds"] = "per_completion",
+    ):
         if config.rollout_mode not in ENGINE_MODES:
             raise ValueError(f"the engine samples rollout_mode {ENGINE_MODES}, not {config.rollout_mode!r}")
-        self.backend, self.config = backend, config
+        if schedule not in ("per_completion", "rounds"):
+            raise ValueError(f"schedule must be 'per_completion' or 'rounds', got {schedule!r}")
+        self.backend, self.config, self.schedule = backend, config, schedule
         self.tag = tokens.vocab.ids
         self.grammar = tokens.grammar(config)
         self.separator = list(tokens.separator_ids)
@@ -118,26 +142,45 @@ class ForkJoinEngine:
             "summary": self._after_summary,
         }
 
-    def generate(self, prompts: list[list[int]], progress: bool = False) -> list[Rollout]:
-        states = [_State(Rollout(list(p)), s) for p, s in zip(prompts, self.backend.start(prompts))]
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int] | None = None, progress: bool = False
+    ) -> list[Rollout]:
+        """One rollout per prompt. `seeds[i]`: completion i's random stream (default: drawn by the backend), so a
+        completion is the same whatever else is in the call."""
+        states = [_State(Rollout(list(p)), s) for p, s in zip(prompts, self.backend.start(prompts, seeds))]
         bar = tqdm(total=len(states), desc="rollouts", unit="completion", disable=not progress, leave=False)
-        while True:
-            live = [s for s in states if s.phase != "done"]
-            if not live:
-                break
-            segments, owners = [], []
-            for state in live:
-                for segment in self._segments(state):
-                    segments.append(segment)
-                    owners.append(state)
-            results = self.backend.decode(segments)
-            for state in live:
-                mine = [r for r, owner in zip(results, owners) if owner is state]
-                self._advance(state, mine)
+        owners: dict[Segment, _State] = {}
+        held: list[_State] = []  # rounds: completions whose next segments wait for the round to end
+        for state in states:
+            self._launch(state, owners)
+        while owners:
+            for segment, decoded in self.backend.step():
+                state = owners.pop(segment)
+                state.results[segment] = decoded
+                if len(state.results) < len(state.waiting):
+                    continue  # the block's other paths are still being decoded
+                self._advance(state, [state.results[s] for s in state.waiting])
                 if state.phase == "done":
+                    self.backend.release(state.stream)
+                    state.release()
                     bar.update()
+                elif self.schedule == "rounds":
+                    held.append(state)
+                else:
+                    self._launch(state, owners)
+            if not owners:
+                for state in held:
+                    self._launch(state, owners)
+                held = []
         bar.close()
         return [s.rollout for s in states]
+
+    def _launch(self, state: _State, owners: dict) -> None:
+        """Submit the segments of the state's current phase."""
+        state.waiting, state.results = self._segments(state), {}
+        for segment in state.waiting:
+            owners[segment] = state
+        self.backend.submit(state.waiting)
 
     # -- what each phase asks the backend
     def _segment(self, stream, phase: str, blocks: int, max_new: int, closer: int | None = None) -> Segment:
@@ -258,10 +301,35 @@ class ForkJoinEngine:
         rollout.env_mask += [0] * len(ids)
 
 
-def plain_rollouts(backend: Backend, prompts: list[list[int]], max_new: int, eos_ids) -> list[Rollout]:
-    """One plain decode per prompt, no engine and no grammar (models without the tags, sequential baselines)."""
-    segments = [Segment(s, max_new=max_new, end_ids=frozenset(eos_ids)) for s in backend.start(prompts)]
-    return [
-        Rollout(list(prompt), list(d.tokens), finish="eos" if d.finish == "end" else "length")
-        for prompt, d in zip(prompts, backend.decode(segments))
-    ]
+def plain_decode(
+    backend: Backend,
+    prompts: list[list[int]],
+    max_new: int,
+    eos_ids,
+    seeds: list[int] | None = None,
+    window: int | None = None,
+) -> Iterator[tuple[int, Rollout]]:
+    """One plain decode per prompt, no engine and no grammar (models without the tags, sequential baselines, a
+    teacher), yielded as (prompt index, rollout) as each one ends. At most `window` are decoded at once (all by
+    default): the next prompt starts as soon as one ends. `seeds` as in `ForkJoinEngine.generate`."""
+    streams = backend.start(prompts, seeds)
+    segments = [Segment(stream, max_new=max_new, end_ids=frozenset(eos_ids)) for stream in streams]
+    index = {segment: i for i, segment in enumerate(segments)}
+    waiting = iter(segments)
+    backend.submit(list(itertools.islice(waiting, window)))
+    left = len(segments)
+    while left:
+        for segment, decoded in backend.step():
+            left -= 1
+            backend.release(segment.stream)
+            backend.submit(list(itertools.islice(waiting, 1)))
+            i = index[segment]
+            yield i, Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length")
+
+
+def plain_rollouts(
+    backend: Backend, prompts: list[list[int]], max_new: int, eos_ids, seeds: list[int] | None = None
+) -> list[Rollout]:
+    """`plain_decode`'s rollouts, in the order of the prompts."""
+    rollouts = dict(plain_decode(backend, prompts, max_new, eos_ids, seeds))
+    return [rollouts[i] for i in range(len(prompts))]

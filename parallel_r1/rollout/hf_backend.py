@@ -1,46 +1,52 @@
-"""A transformers backend: batched decoding with a KV cache that forks and joins.
+"""A transformers backend: every stream decoded on its own schedule, over key/value rows shared by reference.
 
-Each stream keeps its own key/value tensors (one slot per context token, RoPE already applied at
-the token's position). A decode call stacks the streams of all segments into one batch cache
-(left-padded, padding masked), feeds their unread tokens, and samples one token per stream per
-step; a stream leaves the batch when its segment ends, taking its slots with it.
+Each completion owns one row of a `kv_pool.KVPool`. A stream reads that row through its own set of visible slots
+(`HFStream.sees`); its tokens wait in a queue until a forward reads them into new slots. `step` runs one forward
+over every queued token (all streams, all completions, up to `max_step_tokens`), then samples the next token of
+each stream whose tokens are all read. A segment that ends leaves at once and the next one the engine submits
+joins the next forward: no stream waits for another, except a block's summary for the block's last path.
 
-- fork: the children share the parent's tensors (no copy, no re-prefill); a path added to a block later is a
-  child of the same parent, in the same block.
-- join, isolated: the summary's context is the parent's slots followed by every path's own slots,
-  exactly as each path computed them; positions go on after the longest path. Sampling the summary
-  then *is* sampling under the isolated structure (`parallel_r1.structure`).
-- join, causal: the first path's slots are kept and the other paths are re-read after it.
+- fork: the children see what the parent sees (the parent's unread tokens are queued first, once for all);
+  a path added to a block later is a child of the same parent, in the same block.
+- join, isolated: the summary sees the parent's slots and every path's own slots, as each path computed them;
+  positions go on after the longest path. Sampling the summary then *is* sampling under the isolated structure
+  (`parallel_r1.structure`).
+- join, causal: the first path's slots are kept and the other paths are read again after it.
+- probe: the width decision's `</Path>` is read in a slot of its own, seen by nothing else.
 
-`kv_reuse` chooses how much is kept between calls, so that one implementation serves as the
-engine, as the paper's strategy and as the reference:
+`kv_reuse` chooses how much is kept, so that one implementation serves as the engine, as the paper's strategy
+and as the reference:
 - "full": all of the above (the engine);
-- "per_request": every decode call re-reads each stream's whole context first, as a serving
-  engine without prefix sharing would (the paper's strategy: re-prefill each path, re-prefill the
-  paths for the summary);
-- "none": every token is sampled from a fresh forward over the whole context (the naive reference).
-Contexts re-read from scratch use the isolated mask of `structure`, so all three sample the same
-distribution.
+- "per_request": every segment reads its stream's whole context again, in a row of its own, as a serving engine
+  without prefix sharing would (the paper's strategy: each path and each summary re-reads its context);
+- "none": every token is sampled after reading the whole context again (the naive reference).
+Contexts read again from scratch use the isolated mask of `structure`, so all three sample the same distribution.
+
+A token's randomness is its stream's (`backend.stream_uniform`): one uniform number, turned into a token by the
+inverse of the warped distribution's CDF. So a completion is the same whatever else shares its forwards.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList
+from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from ..structure import isolated_mask
-from .backend import Decoded, Sampling, Segment
+from .backend import FORK, JOIN, PROBE, Decoded, Sampling, Segment, completion_seeds, derived_key, stream_uniform
+from .kv_pool import ATTENTION, KVPool, Row, plan_forward
 
 OUTSIDE = (-1, -1)  # (block, path) of a token that is in no path
 
 
-@dataclass
+@dataclass(eq=False)
 class HFStream:
-    """A context: its tokens with their positions and path membership, and the slots read so far."""
+    """A context: its tokens with their positions and path membership, its random key and draws, and what of it
+    has slots in its completion's row (`placed` leading ids; `sees`: the row's slots it reads)."""
 
     ids: list = field(default_factory=list)
     positions: list = field(default_factory=list)
@@ -49,17 +55,19 @@ class HFStream:
     next_pos: int = 0
     group: tuple = OUTSIDE  # (block, path) given to tokens appended now
     forks: int = 0
-    kv: torch.Tensor | None = None  # [layers, 2, kv_heads, fed, head_dim]
-    logits: torch.Tensor | None = None  # next-token logits after the last read token
+    key: tuple = ()
+    draws: int = 0
+    family: object = None  # the same object for every stream of one completion
+    row: Row | None = None
+    sees: torch.Tensor | None = None  # bool, one entry per slot of the pool
+    placed: int = 0
+    unread: int = 0  # placed tokens the next forwards have yet to read
 
-    @property
-    def fed(self) -> int:
-        return 0 if self.kv is None else self.kv.shape[-2]
-
-    def copy(self, **changes) -> HFStream:
-        """A stream with its own token lists (the KV tensors are shared: they are never written in place)."""
+    def derive(self, key: tuple, **changes) -> HFStream:
+        """A stream with this one's tokens (lists of its own), slots and visible set (a copy), and a new key."""
         lists = {name: list(getattr(self, name)) for name in ("ids", "positions", "block_of", "path_of")}
-        return replace(self, **{**lists, **changes})
+        sees = None if self.sees is None else self.sees.clone()
+        return replace(self, **{**lists, "key": key, "sees": sees, "unread": 0, **changes})
 
     def extend(self, ids: list[int]) -> None:
         n = len(ids)
@@ -70,23 +78,45 @@ class HFStream:
         self.next_pos += n
 
 
+@dataclass
+class _Read:
+    """Tokens of `stream` waiting to be read: ids[start:start + count] into slots first..first + count - 1 of
+    `row`. `fresh`: the isolated mask of a context read again from scratch (its tokens see only this read's
+    slots)."""
+
+    stream: HFStream
+    row: Row
+    start: int
+    count: int
+    first: int
+    fresh: torch.Tensor | None = None
+    done: int = 0  # tokens already read (a read larger than a forward's budget takes several)
+
+
 class TransformersBackend:
+    """Decoding on a transformers model with the fork-join cache (`kv_pool`). `max_step_tokens` bounds the tokens
+    one forward reads (a long prompt or context is read over several forwards)."""
+
     def __init__(
         self,
         model,
         sampling: Sampling | None = None,
         kv_reuse: Literal["full", "per_request", "none"] = "full",
         pad_token_id: int = 0,
+        max_step_tokens: int = 8192,
     ):
         if kv_reuse not in ("full", "per_request", "none"):
             raise ValueError(f"kv_reuse must be 'full', 'per_request' or 'none', got {kv_reuse!r}")
         layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise ValueError(f"the transformers rollout backend needs full-attention layers only, got {layer_types}")
+        if max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be at least 1, got {max_step_tokens}")
         sampling = sampling or Sampling()
         self.model, self.sampling, self.kv_reuse, self.pad = model, sampling, kv_reuse, pad_token_id
+        self.max_step_tokens = max_step_tokens
         self.device = next(model.parameters()).device
-        self.generator = torch.Generator(self.device)
+        self.generator = torch.Generator()  # draws each call's completion seeds
         if sampling.seed is not None:
             self.generator.manual_seed(sampling.seed)
         warpers = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature > 0 else []
@@ -95,15 +125,26 @@ class TransformersBackend:
         if sampling.top_p < 1.0:
             warpers.append(TopPLogitsWarper(sampling.top_p))
         self.warpers = LogitsProcessorList(warpers)
+        self._pool_ref = None  # weak: the pool lives as long as a stream refers to one of its rows
+        self._rows_hint = 1
+        self._reads: list[_Read] = []
+        self._active: dict[Segment, Decoded] = {}
+        self.forwards = 0  # model forward calls, for benchmarks
+        self.copied_bytes = 0  # key/value bytes the pools copied (growth and compaction), for benchmarks
+
+    def _copied(self, count: int) -> None:
+        self.copied_bytes += count
 
     # ------------------------------------------------------------------ streams
 
-    def start(self, prompts: list[list[int]]) -> list[HFStream]:
+    def start(self, prompts: list[list[int]], seeds: list[int] | None = None) -> list[HFStream]:
+        seeds = completion_seeds(self.generator, len(prompts)) if seeds is None else seeds
         streams = []
-        for prompt in prompts:
-            stream = HFStream()
+        for prompt, seed in zip(prompts, seeds, strict=True):
+            stream = HFStream(key=(seed,), family=object())
             stream.extend(list(prompt))
             streams.append(stream)
+        self._rows_hint = max(1, len(prompts))
         return streams
 
     def append(self, stream: HFStream, ids: list[int]) -> None:
@@ -113,69 +154,200 @@ class TransformersBackend:
         if first == 0:  # a new block
             stream.forks += 1
         block = stream.forks - 1
-        return [stream.copy(group=(block, first + path) if isolated else OUTSIDE) for path in range(k)]
+        self._share(stream)
+        return [
+            stream.derive(
+                derived_key(stream.key, FORK, block, first + path),
+                group=(block, first + path) if isolated else OUTSIDE,
+            )
+            for path in range(k)
+        ]
 
     def join(self, parent: HFStream, children: list[HFStream], isolated: bool) -> HFStream:
         base = len(parent.ids)
+        key = derived_key(parent.key, JOIN, parent.forks - 1, len(children))
+        for child in children:
+            self._share(child)
         if not isolated:
-            merged = children[0].copy(group=OUTSIDE, forks=parent.forks, logits=None)
+            merged = children[0].derive(key, group=OUTSIDE, forks=parent.forks)
             for child in children[1:]:
                 merged.extend(child.ids[base:])
             return merged
-        merged = parent.copy(next_pos=max(c.next_pos for c in children), group=OUTSIDE, kv=None, logits=None)
+        merged = parent.derive(key, next_pos=max(c.next_pos for c in children), group=OUTSIDE)
         for child in children:
             for name in ("ids", "positions", "block_of", "path_of"):
                 getattr(merged, name).extend(getattr(child, name)[base:])
-        read = [child.kv for child in children]
-        if all(kv is not None and kv.shape[-2] == len(child.ids) for kv, child in zip(read, children)):
-            merged.kv = torch.cat([read[0][..., :base, :]] + [kv[..., base:, :] for kv in read], dim=-2)
+        if self.kv_reuse == "full":  # the summary reads every path's own slots
+            merged.placed = len(merged.ids)
+            size = merged.row.pool.capacity[1]
+            for child in children:
+                merged.sees = _padded(merged.sees, size) | _padded(child.sees, size)
         return merged
 
     def probe(self, stream: HFStream, token: int) -> HFStream:
-        probe = stream.copy(group=OUTSIDE)
+        self._share(stream)
+        probe = stream.derive(derived_key(stream.key, PROBE, stream.draws), group=OUTSIDE)
         probe.ids.append(token)
         probe.positions.append(stream.next_pos - 1)
         probe.block_of.append(OUTSIDE[0])
         probe.path_of.append(OUTSIDE[1])
         return probe
 
+    def release(self, stream: HFStream) -> None:
+        """The completion of `stream` is over: drop the reads queued for it (its row is free once no stream of it
+        is referred to)."""
+        self._reads = [read for read in self._reads if read.stream.family is not stream.family]
+
+    # ------------------------------------------------------------------ placing tokens in rows
+
+    def _new_row(self, tokens: int) -> Row:
+        """A row of the live pool, or of a new one sized for this many prompts and twice `tokens` slots."""
+        pool = self._pool_ref and self._pool_ref()
+        if pool is None:
+            slots = 256
+            while slots < 2 * tokens:
+                slots *= 2
+            pool = KVPool(self.model, self._rows_hint, slots, on_copy=self._copied)
+            self._pool_ref = weakref.ref(pool)
+        return pool.new_row()
+
+    def _share(self, stream: HFStream) -> None:
+        """Before other streams are derived from `stream`: with full reuse they see what it sees, its unread
+        tokens included, so those get their slots now. Otherwise every segment reads its context again."""
+        if self.kv_reuse == "full":
+            self._place(stream)
+
+    def _place(self, stream: HFStream) -> None:
+        """Give `stream`'s unplaced tokens slots in its row (a new row for a new completion) and queue them."""
+        if stream.placed == len(stream.ids):
+            return
+        if stream.row is None:
+            stream.row = self._new_row(len(stream.ids))
+        count = len(stream.ids) - stream.placed
+        first = stream.row.pool.reserve(stream.row, count)
+        stream.sees = _padded(stream.sees, stream.row.pool.capacity[1])
+        stream.sees[first : first + count] = True
+        self._queue(_Read(stream, stream.row, stream.placed, count, first))
+        stream.placed = len(stream.ids)
+
+    def _read_again(self, stream: HFStream) -> None:
+        """Queue `stream`'s whole context to be read from scratch into a row of its own, under the isolated mask."""
+        count = len(stream.ids)
+        stream.row = self._new_row(count)
+        first = stream.row.pool.reserve(stream.row, count)
+        stream.sees = torch.zeros(stream.row.pool.capacity[1], dtype=torch.bool)
+        stream.sees[first : first + count] = True
+        valid = torch.ones(1, count, dtype=torch.bool)
+        fresh = isolated_mask(valid, torch.tensor([stream.block_of]), torch.tensor([stream.path_of]))[0, 0]
+        self._queue(_Read(stream, stream.row, 0, count, first, fresh=fresh))
+        stream.placed = count
+
+    def _queue(self, read: _Read) -> None:
+        self._reads.append(read)
+        read.stream.unread += read.count
+
     # ------------------------------------------------------------------ decoding
 
-    @torch.no_grad()
-    def decode(self, segments: list[Segment]) -> list[Decoded]:
-        results = [Decoded() for _ in segments]
-        if not segments:
-            return results
-        if self.kv_reuse != "full":  # nothing is kept from earlier calls
-            for segment in segments:
-                segment.stream.kv, segment.stream.logits = None, None
-        active = list(range(len(segments)))
-        batch = _Batch(self, [segment.stream for segment in segments])
-        while active:
-            tokens, logprobs = self._choose(batch.logits, [segments[i] for i in active])
-            read, over = [], []
-            for row, i in enumerate(active):
-                token, needs_reading, done = _emit(segments[i], results[i], tokens[row], logprobs[row])
-                if token is not None:
-                    segments[i].stream.extend([token])
-                read.append(needs_reading)
-                over.append(done)
-            # a segment that ended on a token nobody will read (EOS, or the budget) leaves now
-            batch.keep(read)
-            active = [i for i, r in zip(active, read) if r]
-            over = [o for o, r in zip(over, read) if r]
-            if not active:
-                break
-            if self.kv_reuse == "none":
-                batch = _Batch(self, [segments[i].stream for i in active])
+    def submit(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            stream = segment.stream
+            if self.kv_reuse == "full":
+                self._place(stream)
             else:
-                batch.read_last_tokens()
-            batch.keep([not o for o in over])
-            active = [i for i, o in zip(active, over) if not o]
-        return results
+                self._read_again(stream)
+            if stream.unread == 0:
+                raise RuntimeError("a segment was submitted on a stream with nothing left to read")
+            self._active[segment] = Decoded(finish="running")
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Segment, Decoded]]:
+        if not self._reads:
+            if self._active:
+                raise RuntimeError("segments wait for tokens that no read will bring")
+            return []
+        self._reads[0].row.pool.compact()
+        logits = self._forward(self._take_reads(), {segment.stream for segment in self._active})
+        ready = [(segment, out) for segment, out in self._active.items() if segment.stream in logits]
+        if not ready:  # a long read goes on in the next forward
+            return []
+        tokens, logprobs = self._choose(torch.stack([logits[s.stream] for s, _ in ready]), [s for s, _ in ready])
+        finished = []
+        for (segment, out), token, logprob in zip(ready, tokens, logprobs):
+            segment.stream.extend(_emit(segment, out, token, logprob))
+            if out.finish != "running":  # what it wrote last is read by whoever continues the stream
+                finished.append((segment, out))
+                del self._active[segment]
+            elif self.kv_reuse == "none":
+                self._read_again(segment.stream)
+            else:  # within a segment, the stream goes on in its row
+                self._place(segment.stream)
+        return finished
+
+    def _take_reads(self) -> list[tuple[_Read, int, int]]:
+        """(read, first token, count) of what the next forward reads: the queue in order, up to the budget."""
+        taken, budget = [], self.max_step_tokens
+        while self._reads and budget > 0:
+            read = self._reads[0]
+            count = min(budget, read.count - read.done)
+            taken.append((read, read.done, count))
+            read.done += count
+            budget -= count
+            if read.done == read.count:
+                self._reads.pop(0)
+        return taken
+
+    def _forward(self, taken: list, sampling_streams: set) -> dict:
+        """Read the taken tokens; return the next-token logits of each sampling stream that has nothing left to
+        read."""
+        ids, positions, rows, slots, owners = [], [], [], [], []
+        for read, offset, count in taken:
+            stream, start = read.stream, read.start + offset
+            ids += stream.ids[start : start + count]
+            positions += stream.positions[start : start + count]
+            rows += [read.row] * count
+            slots += range(read.first + offset, read.first + offset + count)
+            owners += [read] * count
+            stream.unread -= count
+        length = max(row.used for row in rows)
+        visible = self._visible(taken, slots, owners, length)
+        plan = plan_forward(rows[0].pool, rows, slots, visible)
+        last = {}
+        for t, read in enumerate(owners):
+            if read.stream in sampling_streams and read.stream.unread == 0:
+                last[read.stream] = t
+        keep = torch.tensor(sorted(last.values()), device=self.device)
+        with _attention(self.model, ATTENTION):
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
+                use_cache=False,
+                logits_to_keep=keep,
+                fork_join=plan,
+            )
+        self.forwards += 1
+        order = {t: i for i, t in enumerate(sorted(last.values()))}
+        return {stream: out.logits[0, order[t]] for stream, t in last.items()}
+
+    @staticmethod
+    def _visible(taken: list, slots: list[int], owners: list, length: int) -> torch.Tensor:
+        """[T, length] bool: what each token sees. A token of a read in its stream's row: what its stream sees, up
+        to its own slot. A token of a context read from scratch: its row of the isolated mask, over that read."""
+        streams = list({id(read.stream): read.stream for read in owners}.values())
+        index = {id(stream): i for i, stream in enumerate(streams)}
+        sees = torch.stack([_padded(stream.sees, length)[:length] for stream in streams])
+        rows = torch.tensor([index[id(read.stream)] for read in owners])
+        slot = torch.tensor(slots)
+        visible = sees[rows] & (torch.arange(length)[None, :] <= slot[:, None])
+        t = 0
+        for read, offset, count in taken:
+            if read.fresh is not None:
+                visible[t : t + count] = False
+                visible[t : t + count, read.first : read.first + read.count] = read.fresh[offset : offset + count]
+            t += count
+        return visible
 
     def _choose(self, logits: torch.Tensor, segments: list[Segment]):
-        """Sample (or pick greedily) one token per row; return the tokens and their log-probs."""
+        """The next token of each row (greedy, or by inverse CDF of its stream's uniform) and its log-prob."""
         logits = logits.float().clone()
         for row, segment in enumerate(segments):
             if segment.only is not None:
@@ -189,132 +361,72 @@ class TransformersBackend:
             tokens, scores = logits.argmax(-1), logits
         else:
             scores = self.warpers(None, logits)
-            tokens = torch.multinomial(torch.softmax(scores, -1), 1, generator=self.generator).squeeze(-1)
+            tokens = _inverse_cdf(torch.softmax(scores.double(), -1), [_draw(s.stream) for s in segments])
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens.tolist(), logprobs.tolist()
 
 
-def _emit(segment: Segment, out: Decoded, token: int, logprob: float) -> tuple:
-    """Apply a segment's rules to the token sampled for it.
+def _draw(stream: HFStream) -> float:
+    uniform = stream_uniform(stream.key, stream.draws)
+    stream.draws += 1
+    return uniform
 
-    Returns (token added to the stream or None, must it be read into the cache?, is the segment over?).
-    """
-    if out.sampled.count(True) >= segment.max_new:
-        out.finish = "length"
-        if segment.closer is None:
-            return None, False, True
-        _add(out, segment.closer, 0.0, False)
-        return segment.closer, True, True
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability exceeds the row's uniform (scaled to the row's total),
+    never a token of probability 0."""
+    cdf = probs.cumsum(-1)
+    targets = torch.tensor(uniforms, dtype=cdf.dtype, device=cdf.device)[:, None] * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    for row in (probs.gather(-1, tokens[:, None]).squeeze(-1) == 0).nonzero().flatten().tolist():
+        tokens[row] = probs[row].nonzero().max()  # the rounding edge at the top of the CDF
+    return tokens
+
+
+def _padded(sees: torch.Tensor | None, size: int) -> torch.Tensor:
+    if sees is None:
+        return torch.zeros(size, dtype=torch.bool)
+    if sees.numel() >= size:
+        return sees
+    return torch.cat([sees, torch.zeros(size - sees.numel(), dtype=torch.bool)])
+
+
+class _attention:
+    """The model's attention implementation set to `name` for a forward, then restored."""
+
+    def __init__(self, model, name: str):
+        self.configs = {id(c): c for c in (model.config, model.config.get_text_config())}.values()
+        self.name = name
+
+    def __enter__(self):
+        self.saved = [config._attn_implementation for config in self.configs]
+        for config in self.configs:
+            config._attn_implementation = self.name
+
+    def __exit__(self, *exc):
+        for config, saved in zip(self.configs, self.saved):
+            config._attn_implementation = saved
+
+
+def _emit(segment: Segment, out: Decoded, token: int, logprob: float) -> list[int]:
+    """Apply a segment's rules to the token sampled for it; return what goes into the stream (the token, and the
+    closer when the budget ends the segment). `out.finish` is "running" while the segment goes on."""
     _add(out, token, logprob, True)
     if token in segment.end_ids:
         out.finish = "end"
-        return token, False, True
-    if token in segment.stop_ids:
+    elif token in segment.stop_ids:
         out.finish = "stop"
-        return token, True, True
-    return token, True, False
+    elif len(out.tokens) == segment.max_new:
+        out.finish = "length"
+        if segment.closer is not None:
+            _add(out, segment.closer, 0.0, False)
+            return [token, segment.closer]
+    else:
+        out.finish = "running"
+    return [token]
 
 
 def _add(out: Decoded, token: int, logprob: float, sampled: bool) -> None:
     out.tokens.append(token)
     out.logprobs.append(logprob)
     out.sampled.append(sampled)
-
-
-class _Batch:
-    """Streams decoded together: one batch cache, left-padded, and the next-token logits of each row."""
-
-    def __init__(self, backend: TransformersBackend, streams: list[HFStream]):
-        self.backend, self.streams = backend, list(streams)
-        if all(stream.kv is not None for stream in self.streams):
-            self._open_cached()
-        else:
-            self._open_fresh()
-
-    def _forward(self, input_ids, position_ids, attention_mask) -> torch.Tensor:
-        out = self.backend.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1]
-
-    def _open_fresh(self) -> None:
-        """Read every context from scratch, under the isolated mask of its paths."""
-        device, width = self.backend.device, max(len(s.ids) for s in self.streams)
-        rows = len(self.streams)
-        ids = torch.full((rows, width), self.backend.pad, dtype=torch.long)
-        positions = torch.zeros((rows, width), dtype=torch.long)
-        block_of = torch.full((rows, width), -1, dtype=torch.long)
-        path_of = torch.full((rows, width), -1, dtype=torch.long)
-        self.valid = torch.zeros((rows, width), dtype=torch.bool)
-        for r, s in enumerate(self.streams):
-            n = len(s.ids)
-            ids[r, width - n :] = torch.tensor(s.ids)
-            positions[r, width - n :] = torch.tensor(s.positions)
-            block_of[r, width - n :] = torch.tensor(s.block_of)
-            path_of[r, width - n :] = torch.tensor(s.path_of)
-            self.valid[r, width - n :] = True
-        self.valid = self.valid.to(device)
-        mask = isolated_mask(self.valid, block_of.to(device), path_of.to(device))
-        self.cache = DynamicCache()
-        self.logits = self._forward(ids.to(device), positions.to(device), mask)
-
-    def _open_cached(self) -> None:
-        """Stack the streams' slots into one cache and read what each has not read yet."""
-        device, rows = self.backend.device, len(self.streams)
-        slots = max(s.fed for s in self.streams)
-        unread = max(len(s.ids) - s.fed for s in self.streams)
-        sample = self.streams[0].kv
-        kv = sample.new_zeros((sample.shape[0], 2, rows, sample.shape[2], slots, sample.shape[4]))
-        valid = torch.zeros((rows, slots + unread), dtype=torch.bool)
-        ids = torch.full((rows, unread), self.backend.pad, dtype=torch.long)
-        positions = torch.zeros((rows, unread), dtype=torch.long)
-        for r, s in enumerate(self.streams):
-            kv[:, :, r, :, slots - s.fed :] = s.kv
-            valid[r, slots - s.fed : slots] = True
-            new = len(s.ids) - s.fed
-            if new:
-                ids[r, unread - new :] = torch.tensor(s.ids[s.fed :])
-                positions[r, unread - new :] = torch.tensor(s.positions[s.fed :])
-                valid[r, slots + unread - new :] = True
-        self.cache = DynamicCache(ddp_cache_data=[(layer[0], layer[1]) for layer in kv])
-        self.valid = valid.to(device)
-        if unread == 0:
-            self.logits = torch.stack([s.logits for s in self.streams])
-            return
-        self.logits = self._forward(ids.to(device), positions.to(device), self.valid.long())
-        for r, s in enumerate(self.streams):
-            if len(s.ids) == s.fed:  # nothing new: its logits were kept from its last read
-                self.logits[r] = s.logits
-
-    def read_last_tokens(self) -> None:
-        """Every stream has exactly one unread token (the one just emitted): read them all."""
-        device = self.backend.device
-        ids = torch.tensor([[s.ids[-1]] for s in self.streams], device=device)
-        positions = torch.tensor([[s.positions[-1]] for s in self.streams], device=device)
-        self.valid = torch.cat([self.valid, torch.ones((len(self.streams), 1), dtype=torch.bool, device=device)], 1)
-        self.logits = self._forward(ids, positions, self.valid.long())
-
-    def keep(self, flags: list[bool]) -> None:
-        """Keep the rows flagged True; the others leave, taking their slots and logits (engine mode)."""
-        if all(flags):
-            return
-        for r, (s, stay) in enumerate(zip(self.streams, flags)):
-            if stay:
-                continue
-            if self.backend.kv_reuse == "full":
-                slots = self.valid[r]
-                s.kv = torch.stack(
-                    [torch.stack([layer.keys[r][:, slots], layer.values[r][:, slots]]) for layer in self.cache.layers]
-                )
-                s.logits = self.logits[r].clone() if s.fed == len(s.ids) else None
-        index = [r for r, stay in enumerate(flags) if stay]
-        self.streams = [self.streams[r] for r in index]
-        if index:
-            index_tensor = torch.tensor(index, device=self.backend.device)
-            self.cache.batch_select_indices(index_tensor)
-            self.valid, self.logits = self.valid[index_tensor], self.logits[index_tensor]

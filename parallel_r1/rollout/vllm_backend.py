@@ -1,8 +1,10 @@
-"""A vLLM backend: streams are token lists, every decode call is one batch of concurrent requests.
+"""A vLLM backend: streams are token lists, every segment is a request of its own, scheduled as it comes.
 
 vLLM keeps no per-stream state for us: a path is a new request whose prompt is the context plus
 `<Path>`, and prefix caching (on in TRL's colocated engine and in `vllm serve`) finds the shared
-context's KV blocks, so the K paths of a fork and the summary after them do not recompute it.
+context's KV blocks, so the K paths of a fork and the summary after them do not recompute it. Each request has its
+own seed, drawn from its stream's key (`backend.request_seed`), so what a completion samples does not depend on the
+requests beside it (up to vLLM's own batch variance: its kernels are not batch-invariant).
 
 What vLLM cannot do is attend with a custom mask: a joined context is read as one causal sequence.
 For the causal ("Seen") structure that is exact. For the isolated ("Unseen") structure the paths
@@ -26,11 +28,24 @@ sync fails (ParallelGRPOTrainer calls it).
 
 from __future__ import annotations
 
-from collections import defaultdict
+import itertools
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
 import torch
 
-from .backend import Decoded, Sampling, Segment, finish_segment
+from .backend import (
+    FORK,
+    JOIN,
+    PROBE,
+    Decoded,
+    Sampling,
+    Segment,
+    completion_seeds,
+    derived_key,
+    finish_segment,
+    request_seed,
+)
 
 
 def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
@@ -57,49 +72,118 @@ def keep_cpu_linear_weights() -> bool:
     return True
 
 
-class VLLMBackend:
-    """Sampling.seed is not used here: seed the engine itself (`LLM(seed=...)`, as TRL does).
+@dataclass(eq=False)
+class VLLMStream:
+    """A context as token ids, with the stream's random key and the tokens it has drawn (which seed its next
+    request: `backend.request_seed`)."""
 
-    Server mode needs `vocab_size`, the model's number of token ids (`model.config.vocab_size`), to
-    write bans as `allowed_token_ids`.
+    ids: list
+    key: tuple
+    forks: int = 0
+    draws: int = 0
+
+    def derive(self, key: tuple) -> VLLMStream:
+        return VLLMStream(list(self.ids), key, self.forks, self.draws)
+
+
+class VLLMBackend:
+    """Segments on vLLM, each a request of its own with its own seed, so that the K requests of a fork draw K
+    independent paths and a completion does not depend on its batch.
+
+    Colocated, requests go into the engine TRL holds (`llm.llm_engine.add_request`) and `step` runs one engine step
+    (`llm_engine.step()`): continuous batching keeps every running request in each step, and a request added
+    between two steps joins the next. Server mode sends each request from a pool of `max_concurrent_requests`
+    threads, and `step` waits for the next answer. Server mode needs `vocab_size`, the model's number of token ids
+    (`model.config.vocab_size`), to write bans as `allowed_token_ids`.
     """
 
-    def __init__(self, llm=None, client=None, sampling: Sampling | None = None, vocab_size: int | None = None):
+    def __init__(
+        self,
+        llm=None,
+        client=None,
+        sampling: Sampling | None = None,
+        vocab_size: int | None = None,
+        max_concurrent_requests: int = 64,
+    ):
         if (llm is None) == (client is None):
             raise ValueError("VLLMBackend needs exactly one of `llm` (colocate) or `client` (server)")
         if client is not None and vocab_size is None:
             raise ValueError("VLLMBackend in server mode needs vocab_size (the model's number of token ids)")
         self.llm, self.client, self.sampling, self.vocab_size = llm, client, sampling or Sampling(), vocab_size
+        self.generator = torch.Generator()  # draws each call's completion seeds
+        if self.sampling.seed is not None:
+            self.generator.manual_seed(self.sampling.seed)
+        self._pending: dict = {}  # request id (colocate) or future (server) -> segment
+        self._requests = itertools.count()
+        self._threads = None if client is None else ThreadPoolExecutor(max_concurrent_requests)
+        self.steps = 0  # engine steps (colocate) or answers awaited (server), for benchmarks
 
-    def start(self, prompts: list[list[int]]) -> list[list[int]]:
-        return [list(prompt) for prompt in prompts]
+    def start(self, prompts: list[list[int]], seeds: list[int] | None = None) -> list[VLLMStream]:
+        seeds = completion_seeds(self.generator, len(prompts)) if seeds is None else seeds
+        return [VLLMStream(list(prompt), (seed,)) for prompt, seed in zip(prompts, seeds, strict=True)]
 
-    def append(self, stream: list[int], ids: list[int]) -> None:
-        stream.extend(ids)
+    def append(self, stream: VLLMStream, ids: list[int]) -> None:
+        stream.ids.extend(ids)
 
-    def fork(self, stream: list[int], k: int, isolated: bool, first: int = 0) -> list[list[int]]:
-        return [list(stream) for _ in range(k)]
+    def fork(self, stream: VLLMStream, k: int, isolated: bool, first: int = 0) -> list[VLLMStream]:
+        if first == 0:  # a new block
+            stream.forks += 1
+        return [stream.derive(derived_key(stream.key, FORK, stream.forks - 1, first + path)) for path in range(k)]
 
-    def join(self, parent: list[int], children: list[list[int]], isolated: bool) -> list[int]:
-        base = len(parent)
-        return parent + [token for child in children for token in child[base:]]
+    def join(self, parent: VLLMStream, children: list[VLLMStream], isolated: bool) -> VLLMStream:
+        base = len(parent.ids)
+        merged = parent.derive(derived_key(parent.key, JOIN, parent.forks - 1, len(children)))
+        merged.ids += [token for child in children for token in child.ids[base:]]
+        return merged
 
-    def probe(self, stream: list[int], token: int) -> list[int]:
+    def probe(self, stream: VLLMStream, token: int) -> VLLMStream:
         """`stream` itself: vLLM reads a joined block causally, so its last `</Path>` already sees every path, which
         is what the isolated probe stands for (the probe's position and mask are approximated, as the summary's
         are; the mismatch is measured and corrected the same way)."""
-        return list(stream)
+        return stream.derive(derived_key(stream.key, PROBE, stream.draws))
 
-    def decode(self, segments: list[Segment]) -> list[Decoded]:
-        if not segments:
+    def release(self, stream: VLLMStream) -> None:
+        """Nothing is kept for a completion between its requests (vLLM's prefix cache is its own)."""
+
+    # ------------------------------------------------------------------ decoding
+
+    def submit(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            if self.llm is not None:
+                from vllm import SamplingParams
+                from vllm.sampling_params import RequestOutputKind
+
+                request = f"parallel-r1-{next(self._requests)}"
+                params = SamplingParams(
+                    detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **self._request(segment)
+                )
+                self.llm.llm_engine.add_request(request, {"prompt_token_ids": list(segment.stream.ids)}, params)
+                self._pending[request] = segment
+            else:
+                self._pending[self._threads.submit(self._ask_server, segment)] = segment
+
+    def step(self) -> list[tuple[Segment, Decoded]]:
+        if not self._pending:
             return []
-        sampled = self._generate_colocate(segments) if self.llm is not None else self._generate_server(segments)
-        results = []
-        for segment, (tokens, logprobs) in zip(segments, sampled):
-            decoded = finish_segment(segment, tokens, logprobs)
-            segment.stream.extend(decoded.tokens)
-            results.append(decoded)
-        return results
+        self.steps += 1
+        if self.llm is not None:
+            answers = []
+            for output in self.llm.llm_engine.step():
+                if output.finished and output.request_id in self._pending:
+                    completion = output.outputs[0]
+                    tokens = list(completion.token_ids)
+                    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
+                    answers.append((self._pending.pop(output.request_id), tokens, logprobs))
+        else:
+            done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
+            answers = [(self._pending.pop(future), *future.result()) for future in done]
+        return [(segment, self._finish(segment, tokens, logprobs)) for segment, tokens, logprobs in answers]
+
+    def _finish(self, segment: Segment, tokens: list[int], logprobs: list[float]) -> Decoded:
+        decoded = finish_segment(segment, tokens, logprobs)
+        segment.stream.ids.extend(decoded.tokens)
+        segment.stream.draws += sum(decoded.sampled)
+        return decoded
 
     def _request(self, segment: Segment) -> dict:
         """The sampling parameters of one segment, as vLLM names them."""
@@ -111,6 +195,7 @@ class VLLMBackend:
             "stop_token_ids": sorted(segment.stop_ids | segment.end_ids),
             "logprobs": 0,
             "skip_special_tokens": False,
+            "seed": request_seed(segment.stream.key, segment.stream.draws),
         }
         if segment.only is not None:
             params["allowed_token_ids"] = sorted(segment.only)
@@ -118,35 +203,11 @@ class VLLMBackend:
             params["logit_bias"] = {token: float("-inf") for token in sorted(segment.banned)}
         elif segment.banned:
             params["allowed_token_ids"] = [i for i in range(self.vocab_size) if i not in segment.banned]
-        return params  # no per-request seed: the K requests of a fork would draw the same path
+        return params
 
-    def _generate_colocate(self, segments: list[Segment]) -> list[tuple]:
-        from vllm import SamplingParams
-
-        params = [SamplingParams(detokenize=False, **self._request(segment)) for segment in segments]
-        prompts = [{"prompt_token_ids": list(segment.stream)} for segment in segments]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        sampled = []
-        for output in outputs:
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
-            sampled.append((tokens, logprobs))
-        return sampled
-
-    def _generate_server(self, segments: list[Segment]) -> list[tuple]:
-        """One request per group of segments that share their stops and bans, with the group's largest budget
-        (`finish_segment` cuts each to its own, keeping what was sampled exactly as sampled)."""
-        groups = defaultdict(list)
-        for i, segment in enumerate(segments):
-            groups[(segment.stop_ids, segment.end_ids, segment.banned, segment.only)].append(i)
-        sampled = [None] * len(segments)
-        for members in groups.values():
-            request = self._request(max((segments[i] for i in members), key=lambda segment: segment.max_new))
-            fixed = {name: request.pop(name) for name in ("temperature", "top_p", "top_k", "max_tokens", "logprobs")}
-            output = self.client.generate(
-                prompts=[list(segments[i].stream) for i in members], n=1, generation_kwargs=request, **fixed
-            )
-            for i, tokens, logprobs in zip(members, output["completion_ids"], output["logprobs"]):
-                sampled[i] = (list(tokens), [step[0] for step in logprobs])
-        return sampled
+    def _ask_server(self, segment: Segment) -> tuple[list[int], list[float]]:
+        """One segment as one request to the server (TRL's `VLLMClient`, its /v1/completions)."""
+        request = self._request(segment)
+        fixed = {name: request.pop(name) for name in ("temperature", "top_p", "top_k", "max_tokens", "logprobs")}
+        output = self.client.generate(prompts=[list(segment.stream.ids)], n=1, generation_kwargs=request, **fixed)
+        return list(output["completion_ids"][0]), [step[0] for step in output["logprobs"][0]]

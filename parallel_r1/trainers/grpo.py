@@ -98,6 +98,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         self.grammar = self.engine_tokens.grammar(args) if uses_engine else None
         if args.attention != "causal":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
+        self._backend = None  # the rollout backend, built at the first generation (`_sampler`)
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
             self.add_callback(InTrainingEvaluation(self, args.parallel_eval_benchmarks, args.parallel_eval_problems))
@@ -129,21 +130,26 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
     def _engine(self, backend) -> ForkJoinEngine:
         return ForkJoinEngine(backend, self.engine_tokens, self.args)
 
+    def _sampler(self, build):
+        """This process's backend (built by `build` the first time), kept across generations so that the
+        generator which seeds each generation's completions runs on, and is checkpointed (`_save_rng_state`)."""
+        if self._backend is None:
+            self._backend = build()
+        if self._resumed_engine_rng is not None:
+            self._backend.generator.set_state(self._resumed_engine_rng)
+            self._resumed_engine_rng = None
+        return self._backend
+
     def _rollouts(self, prompt_ids: list) -> list:
         if self.use_vllm:  # colocate: this process's own vLLM engine, weights already synced by TRL
-            return self._engine(VLLMBackend(llm=self.vllm_generation.llm, sampling=self._sampling())).generate(
-                prompt_ids
-            )
+            backend = self._sampler(lambda: VLLMBackend(llm=self.vllm_generation.llm, sampling=self._sampling()))
+            return self._engine(backend).generate(prompt_ids)
         with self._generation_model() as model:
-            if not hasattr(self, "_hf_backend"):  # one backend, so its random stream runs on across steps
-                self._hf_backend = TransformersBackend(
-                    model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id
-                )
-            if self._resumed_engine_rng is not None:
-                self._hf_backend.generator.set_state(self._resumed_engine_rng)
-                self._resumed_engine_rng = None
-            self._hf_backend.model = model
-            return self._engine(self._hf_backend).generate(prompt_ids)
+            backend = self._sampler(
+                lambda: TransformersBackend(model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id)
+            )
+            backend.model = model
+            return self._engine(backend).generate(prompt_ids)
 
     def evaluation_rollouts(self, prompt_ids: list, seed: int) -> list:
         """Rollouts of the current weights with the training rollout settings, on the transformers backend and a
@@ -174,8 +180,10 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         payload = [None]
         if self.accelerator.is_main_process:
             vocab_size = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
-            backend = VLLMBackend(
-                client=self.vllm_generation.vllm_client, sampling=self._sampling(), vocab_size=vocab_size
+            backend = self._sampler(
+                lambda: VLLMBackend(
+                    client=self.vllm_generation.vllm_client, sampling=self._sampling(), vocab_size=vocab_size
+                )
             )
             payload = [self._engine(backend).generate(everyone)]
         broadcast_object_list(payload, from_process=0)
@@ -185,31 +193,27 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ checkpoints
 
     def _save_rng_state(self, output_dir: str) -> None:
-        """Transformers' RNG states, plus this process's engine stream (transformers backend) in
+        """Transformers' RNG states, plus the generator that seeds this process's completions (either backend) in
         `engine_rng_state_{process_index}.pth`."""
         super()._save_rng_state(output_dir)
-        if hasattr(self, "_hf_backend"):
-            state = self._hf_backend.generator.get_state()
+        if self._backend is not None:
+            state = self._backend.generator.get_state()
             torch.save(state, os.path.join(output_dir, ENGINE_RNG_FILE.format(self.args.process_index)))
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         """Restore what `_save_rng_state` saved; the engine stream resumes at the next generation.
 
-        Exact with the transformers backend when the checkpoint ends a generation cycle (see
-        `_warn_if_mid_generation`). Not exact with vLLM: the backend sets no per-request seed (the K requests
-        of a fork would draw the same path), so vLLM samples from its engine's own stream, seeded once when the
-        engine starts (TRL's colocated `LLM(seed=process_index // tensor_parallel_size)`, or the server's own
-        seed) and not in the checkpoint: a resumed run samples from a restarted stream. A checkpoint without the
-        engine file (older versions) is resumed with the stream seeded afresh, as before, after a warning.
-        `rollout_mode="plain"` samples from torch's global generator, which transformers restores.
+        Every completion draws from its own seed, and the seeds come from this generator, so a resumed run gives
+        its completions the seeds of the unbroken run: the same tokens with the transformers backend when the
+        checkpoint ends a generation cycle (see `_warn_if_mid_generation`); with vLLM the same requests with the
+        same seeds, whose tokens are the same up to vLLM's batch variance (its kernels are not batch-invariant).
+        A checkpoint without the engine file (older versions) is resumed with the stream seeded afresh, after a
+        warning. `rollout_mode="plain"` samples from torch's global generator, which transformers restores.
         """
         super()._load_rng_state(checkpoint)
         if checkpoint is None or self.grammar is None:
             return
         self._warn_if_mid_generation()
-        if self.use_vllm:
-            logger.warning("Resuming with vLLM: its sampler state is not checkpointed, the completions will differ")
-            return
         path = os.path.join(checkpoint, ENGINE_RNG_FILE.format(self.args.process_index))
         if not os.path.isfile(path):
             logger.warning("%s is missing (an older checkpoint): the engine samples from its seed again", path)
