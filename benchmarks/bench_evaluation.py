@@ -98,7 +98,7 @@ class HarnessClock:
                     template=config.prompt_template,
                     limit=config.batch_size,
                 )
-                source.sample([prompt_ids(source.tokenizer, row["prompt"]) for row in rows], seed=12345)
+                source.sample([prompt_ids(source.tokenizer, row["prompt"]) for row in rows], list(range(len(rows))))
             clock.times["warmup"] = time.perf_counter() - start
 
         self._saved = {"load_problems": harness_load, "write_results": harness_write, "init": source_init}

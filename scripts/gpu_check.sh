@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# make gpu-check: what only a CUDA machine can check, in one command (about 5 minutes on one GPU).
+# make gpu-check: what only a CUDA machine can check, in one command (about 10 minutes on one GPU).
 #
 #   1. install: from the wheels in wheels/ when there are any (a GPU node with no package index; fill it on a
 #      machine with one, see README "GPU check"), else from the index; the project itself runs from this folder;
 #   2. the tests marked gpu (tests/test_gpu.py): the engine against the training forward in fp32 and bf16, the
 #      isolated and tree forwards on CUDA against the CPU, one bf16 SFT and GRPO step of the tiny recipes;
-#   3. the rollout benchmark on CUDA, and the training-forward memory benchmark at 4096 tokens on a randomly
-#      initialised model of the Qwen3-4B shape in bf16.
-# Results: benchmarks/results/gpu-tests.txt, gpu-rollout.md, gpu-structures.md (GPU_CHECK_RESULTS names another
-# folder). PYTHON picks the interpreter (default: python3, which should hold a CUDA build of torch);
-# GPU_CHECK_INSTALL=0 installs nothing.
+#   3. the rollout benchmark on CUDA (13M and Qwen3-4B shapes), and the training-forward memory benchmark at 4096
+#      tokens on a randomly initialised model of the Qwen3-4B shape in bf16.
+# Results: benchmarks/results/gpu-tests.txt, gpu-rollout.md, gpu-rollout-4b.md, gpu-structures.md
+# (GPU_CHECK_RESULTS names another folder). PYTHON picks the interpreter (default: python3, which should hold a
+# CUDA build of torch); GPU_CHECK_INSTALL=0 installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -43,13 +43,15 @@ set +e
 tests=${PIPESTATUS[0]}
 set -e
 
-echo "== rollout benchmark on CUDA"
-timeout 240 "$PYTHON" benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --repeats 2 --backends transformers \
-    --out "$RESULTS/gpu-rollout.md"
+echo "== rollout benchmark on CUDA: 13M shape, then the Qwen3-4B shape (random weights, bf16)"
+timeout 300 "$PYTHON" benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --backends transformers \
+    --shape 13m --out "$RESULTS/gpu-rollout.md"
+timeout 420 "$PYTHON" benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --backends transformers \
+    --shape qwen3-4b --batches 8 64 --out "$RESULTS/gpu-rollout-4b.md"
 
 echo "== training-forward memory at 4096 tokens, Qwen3-4B shape, bf16"
 timeout 300 "$PYTHON" benchmarks/bench_structures.py --device cuda --shape qwen3-4b --dtype bfloat16 \
     --lengths 4096 --batch 1 --flex --skip-vllm --out "$RESULTS/gpu-structures.md"
 
-echo "== results: $RESULTS/gpu-tests.txt, $RESULTS/gpu-rollout.md, $RESULTS/gpu-structures.md"
+echo "== results: $RESULTS/gpu-tests.txt, $RESULTS/gpu-rollout.md, $RESULTS/gpu-rollout-4b.md, $RESULTS/gpu-structures.md"
 exit "$tests"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launches import GLOBAL_BATCH_4, Launches
+from launches import Launches
 from safetensors.torch import load_file
 
 from parallel_r1.rollout.vllm_backend import keep_cpu_linear_weights
@@ -110,21 +110,25 @@ def test_the_grpo_script_trains_on_colocated_vllm_on_cpu(tmp_path, tag_prone_dir
     """`scripts/grpo.py --config recipes/tiny/grpo.yaml --use_vllm true --vllm_mode colocate` on one process, and
     on two under ZeRO-3, side by side. Both used to fail at the first weight sync (`AttributeError: 'Parameter'
     object has no attribute 'weight_loader'`: vLLM's CPU linear had emptied the weights). With a large learning
-    rate, a vLLM left with stale weights after a step that trained would sample far from the trainer at the next."""
+    rate, a vLLM left with stale weights after a step that trained would sample far from the trainer at the next.
+    A group of 8 completions of at most 32 tokens: the tiny model's rewards differ only where a block is cut short
+    (malformed), and a step trains only if its group's rewards differ (4 completions of 48 tokens tied at both steps
+    about once in six runs)."""
     setups = {
-        "one": ["--config_file", "accelerate_configs/cpu.yaml", "--per_device_train_batch_size", "4"],
-        "zero3": ["--config_file", "accelerate_configs/zero3_cpu.yaml", "--per_device_train_batch_size", "2"],
+        "one": ["--config_file", "accelerate_configs/cpu.yaml", "--per_device_train_batch_size", "8"],
+        "zero3": ["--config_file", "accelerate_configs/zero3_cpu.yaml", "--per_device_train_batch_size", "4"],
     }
     grpo = ["scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml", "--use_vllm", "true", "--vllm_mode", "colocate"]
     grpo += ["--attention", "tree", "--max_steps", "2", "--learning_rate", "0.05", "--max_train_samples", "8"]
-    grpo += ["--max_completion_length", "48", "--max_path_tokens", "12", "--max_summary_tokens", "6"]
+    grpo += ["--max_completion_length", "32", "--max_path_tokens", "12", "--max_summary_tokens", "6"]
+    grpo += ["--num_generations", "8"]
     launches = {}
     with ExitStack() as stack:
         for name, (_, config, batch_flag, batch) in setups.items():
             command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config]
             command += ["--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()), *grpo]
             command += ["--model_name_or_path", str(tag_prone_dir), "--output_dir", str(tmp_path / name)]
-            command += [batch_flag, batch]  # a group of 4 a step: on one process, or 2 + 2
+            command += [batch_flag, batch]  # a group of 8 a step: on one process, or 4 + 4
             launches[name] = stack.enter_context(Launches(command, tmp_path / f"{name}.log"))
         codes = {name: launch.finish() for name, launch in launches.items()}
     start = load_file(Path(tag_prone_dir) / "model.safetensors")
@@ -141,4 +145,4 @@ def test_the_grpo_script_trains_on_colocated_vllm_on_cpu(tmp_path, tag_prone_dir
         saved = load_file(out / "model.safetensors")
         assert saved.keys() == start.keys()  # the whole model, gathered under ZeRO-3
         assert max((saved[k] - start[k]).abs().max().item() for k in start) > 1e-3  # and trained
-    assert GLOBAL_BATCH_4 in launches["zero3"].text()
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 8" in launches["zero3"].text()

@@ -26,9 +26,10 @@ them:
   segments that ended in it, with what they produced. A segment submitted between two steps joins the next one:
   nothing waits for the others of its batch.
 
-Sampling does not depend on scheduling: the i-th token a stream draws comes from a uniform number that is a
+Sampling does not depend on scheduling: the i-th token a stream draws comes from random numbers that are a
 function of the stream's key (its completion's seed and its place in the completion: which block, which path)
-and of i alone (`stream_uniform`, `request_seed`), whatever else is decoded beside it and whenever it finishes.
+and of i alone (`stream_seed`, `gumbel_noise`, `request_seed`), whatever else is decoded beside it and whenever it
+finishes.
 """
 
 from __future__ import annotations
@@ -153,11 +154,35 @@ def completion_seeds(generator: torch.Generator, count: int) -> list[int]:
     return [_hash(base, index) for index in range(count)]
 
 
-def stream_uniform(key: tuple, draw: int) -> float:
-    """The uniform number in [0, 1) behind the `draw`-th token of the stream with this key (53 random bits)."""
-    return (_hash(*key, draw) >> 11) * 2.0**-53
+def stream_seed(key: tuple, draw: int) -> int:
+    """The 64-bit seed of the `draw`-th token of the stream with this key."""
+    return _hash(*key, draw)
 
 
 def request_seed(key: tuple, draw: int) -> int:
     """A vLLM request seed for a segment that starts at the stream's `draw`-th token (63 bits)."""
-    return _hash(*key, draw) >> 1
+    return stream_seed(key, draw) >> 1
+
+
+def gumbel_noise(seeds: list[int], vocab_size: int, device=None) -> torch.Tensor:
+    """[len(seeds), vocab_size] float64: one standard Gumbel number per token id, a function of the row's seed
+    (`stream_seed`) and the id alone. argmax(log-probs + noise) draws a token from the distribution (the Gumbel-max
+    trick); unlike the inverse of a CDF it moves only if the two best scores are within a rounding error of each
+    other, so a logit off in its last bits (another batch beside it) practically never changes the token."""
+    seeds = torch.tensor([[seed & _MASK32, seed >> 32] for seed in seeds], dtype=torch.int64, device=device)
+    ids = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    bits = _mix32(seeds[:, :1] ^ ((ids[None, :] * 0x27D4EB2D) & _MASK32))
+    bits = _mix32(bits ^ seeds[:, 1:])
+    uniform = (bits.double() + 0.5) * 2.0**-32
+    return -torch.log(-torch.log(uniform))
+
+
+_MASK32 = (1 << 32) - 1
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two rounds of xor-shift-multiply) on int64 tensors holding values below 2**32; every
+    product stays below 2**63."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x

@@ -22,8 +22,9 @@ and as the reference:
 - "none": every token is sampled after reading the whole context again (the naive reference).
 Contexts read again from scratch use the isolated mask of `structure`, so all three sample the same distribution.
 
-A token's randomness is its stream's (`backend.stream_uniform`): one uniform number, turned into a token by the
-inverse of the warped distribution's CDF. So a completion is the same whatever else shares its forwards.
+A token's randomness is its stream's: Gumbel noise that is a function of the stream's key and the token's index
+(`backend.gumbel_noise`), added to the warped log-probs. So a completion is the same whatever else shares its
+forwards.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from ..structure import isolated_mask
-from .backend import FORK, JOIN, PROBE, Decoded, Sampling, Segment, completion_seeds, derived_key, stream_uniform
+from .backend import FORK, JOIN, PROBE, Decoded, Sampling, Segment, completion_seeds, derived_key, gumbel_noise, stream_seed
 from .kv_pool import ATTENTION, KVPool, Row, plan_forward
 
 OUTSIDE = (-1, -1)  # (block, path) of a token that is in no path
@@ -347,7 +348,7 @@ class TransformersBackend:
         return visible
 
     def _choose(self, logits: torch.Tensor, segments: list[Segment]):
-        """The next token of each row (greedy, or by inverse CDF of its stream's uniform) and its log-prob."""
+        """The next token of each row (greedy, or Gumbel-max with its stream's noise) and its log-prob."""
         logits = logits.float().clone()
         for row, segment in enumerate(segments):
             if segment.only is not None:
@@ -361,26 +362,16 @@ class TransformersBackend:
             tokens, scores = logits.argmax(-1), logits
         else:
             scores = self.warpers(None, logits)
-            tokens = _inverse_cdf(torch.softmax(scores.double(), -1), [_draw(s.stream) for s in segments])
+            noise = gumbel_noise([_draw(s.stream) for s in segments], scores.shape[-1], scores.device)
+            tokens = (torch.log_softmax(scores.double(), -1) + noise).argmax(-1)
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens.tolist(), logprobs.tolist()
 
 
-def _draw(stream: HFStream) -> float:
-    uniform = stream_uniform(stream.key, stream.draws)
+def _draw(stream: HFStream) -> int:
+    seed = stream_seed(stream.key, stream.draws)
     stream.draws += 1
-    return uniform
-
-
-def _inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
-    """Per row, the first token whose cumulative probability exceeds the row's uniform (scaled to the row's total),
-    never a token of probability 0."""
-    cdf = probs.cumsum(-1)
-    targets = torch.tensor(uniforms, dtype=cdf.dtype, device=cdf.device)[:, None] * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    for row in (probs.gather(-1, tokens[:, None]).squeeze(-1) == 0).nonzero().flatten().tolist():
-        tokens[row] = probs[row].nonzero().max()  # the rounding edge at the top of the CDF
-    return tokens
+    return seed
 
 
 def _padded(sees: torch.Tensor | None, size: int) -> torch.Tensor:

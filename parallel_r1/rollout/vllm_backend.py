@@ -114,6 +114,8 @@ class VLLMBackend:
         if self.sampling.seed is not None:
             self.generator.manual_seed(self.sampling.seed)
         self._pending: dict = {}  # request id (colocate) or future (server) -> segment
+        self._waiting: list = []  # colocated on CPU: requests held back until they fit a step (`_admit`)
+        self._fresh: list[int] = []  # colocated: prompt lengths of the requests added since the last step
         self._requests = itertools.count()
         self._threads = None if client is None else ThreadPoolExecutor(max_concurrent_requests)
         self.steps = 0  # engine steps (colocate) or answers awaited (server), for benchmarks
@@ -150,30 +152,58 @@ class VLLMBackend:
     def submit(self, segments: list[Segment]) -> None:
         for segment in segments:
             if self.llm is not None:
-                from vllm import SamplingParams
-                from vllm.sampling_params import RequestOutputKind
-
-                request = f"parallel-r1-{next(self._requests)}"
-                params = SamplingParams(
-                    detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **self._request(segment)
-                )
-                self.llm.llm_engine.add_request(request, {"prompt_token_ids": list(segment.stream.ids)}, params)
-                self._pending[request] = segment
+                self._waiting.append(segment)
             else:
                 self._pending[self._threads.submit(self._ask_server, segment)] = segment
+        if self.llm is not None:
+            self._admit()
+
+    def _admit(self) -> None:
+        """Add the waiting requests to the engine. On CPU, only as many as one step can read whole: vLLM rewinds a
+        seeded request's generator after a partial prefill (`set_offset`), which a CPU generator cannot do
+        ("CPU Generator does not use offset"), so no prompt may be split between steps there."""
+        from vllm import SamplingParams
+        from vllm.platforms import current_platform
+        from vllm.sampling_params import RequestOutputKind
+
+        scheduler = self.llm.llm_engine.vllm_config.scheduler_config
+        decoding = len(self._pending) - len(self._fresh)  # each reads one token a step; a fresh one its prompt
+        tokens = scheduler.max_num_batched_tokens - decoding - sum(self._fresh)
+        seats = scheduler.max_num_seqs - len(self._pending)
+        while self._waiting:
+            segment = self._waiting[0]
+            if current_platform.is_cpu():
+                if len(segment.stream.ids) > scheduler.max_num_batched_tokens:
+                    raise ValueError(
+                        f"a context of {len(segment.stream.ids)} tokens is longer than vLLM's max_num_batched_tokens "
+                        f"({scheduler.max_num_batched_tokens}): on CPU a seeded request cannot be read over several "
+                        "steps; raise max_num_batched_tokens"
+                    )
+                if len(segment.stream.ids) > tokens or seats < 1:
+                    return
+            tokens, seats = tokens - len(segment.stream.ids), seats - 1  # (upper bounds: cached prefixes cost less)
+            request = f"parallel-r1-{next(self._requests)}"
+            params = SamplingParams(
+                detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **self._request(segment)
+            )
+            self.llm.llm_engine.add_request(request, {"prompt_token_ids": list(segment.stream.ids)}, params)
+            self._pending[request] = segment
+            self._fresh.append(len(segment.stream.ids))
+            self._waiting.pop(0)
 
     def step(self) -> list[tuple[Segment, Decoded]]:
         if not self._pending:
             return []
         self.steps += 1
         if self.llm is not None:
-            answers = []
+            answers, self._fresh = [], []
             for output in self.llm.llm_engine.step():
                 if output.finished and output.request_id in self._pending:
                     completion = output.outputs[0]
                     tokens = list(completion.token_ids)
                     logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
                     answers.append((self._pending.pop(output.request_id), tokens, logprobs))
+            self._admit()
         else:
             done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
             answers = [(self._pending.pop(future), *future.result()) for future in done]
