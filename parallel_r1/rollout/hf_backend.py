@@ -38,7 +38,18 @@ from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from ..structure import isolated_mask
-from .backend import FORK, JOIN, PROBE, Decoded, Sampling, Segment, completion_seeds, derived_key, gumbel_noise, stream_seed
+from .backend import (
+    FORK,
+    JOIN,
+    PROBE,
+    Decoded,
+    Sampling,
+    Segment,
+    completion_seeds,
+    derived_key,
+    gumbel_noise,
+    stream_seed,
+)
 from .kv_pool import ATTENTION, KVPool, Row, plan_forward
 
 OUTSIDE = (-1, -1)  # (block, path) of a token that is in no path
@@ -108,9 +119,14 @@ class TransformersBackend:
     ):
         if kv_reuse not in ("full", "per_request", "none"):
             raise ValueError(f"kv_reuse must be 'full', 'per_request' or 'none', got {kv_reuse!r}")
-        layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
+        text_config = model.config.get_text_config()
+        layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise ValueError(f"the transformers rollout backend needs full-attention layers only, got {layer_types}")
+        if getattr(text_config, "attn_logit_softcapping", None):
+            raise ValueError(
+                "the transformers rollout backend does not soft-cap attention logits (attn_logit_softcapping)"
+            )
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be at least 1, got {max_step_tokens}")
         sampling = sampling or Sampling()
@@ -316,7 +332,7 @@ class TransformersBackend:
         for t, read in enumerate(owners):
             if read.stream in sampling_streams and read.stream.unread == 0:
                 last[read.stream] = t
-        keep = torch.tensor(sorted(last.values()), device=self.device)
+        keep = torch.tensor(sorted(last.values()), dtype=torch.long, device=self.device)
         with _attention(self.model, ATTENTION):
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),

@@ -188,8 +188,6 @@ def fork_join_attention(module, query, key, value, attention_mask, scaling=None,
     query: [1, heads, T, head_dim]; key, value: [1, kv_heads, T, head_dim]. Returns [1, T, heads, head_dim]."""
     if fork_join is None:
         raise RuntimeError(f"attention {ATTENTION!r} needs the forward's plan (fork_join=...)")
-    if kwargs.get("softcap") is not None:
-        raise ValueError("the fork-join cache does not support attention logit soft-capping")
     plan = fork_join
     keys, values = plan.pool.keys[module.layer_idx], plan.pool.values[module.layer_idx]
     keys[plan.rows, :, plan.slots] = key[0].transpose(0, 1).to(keys.dtype)

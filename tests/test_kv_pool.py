@@ -1,0 +1,120 @@
+"""The transformers backend's cache and schedule: rows shared by reference, freed and compacted; each completion
+decoded on its own critical path."""
+
+import gc
+
+import pytest
+from rollout_helpers import engine, prompts
+
+from parallel_r1.rollout import Segment
+from parallel_r1.rollout.kv_pool import KVPool
+from parallel_r1.tags.language import parse
+
+
+def decode(backend, segments: list) -> dict:
+    """Submit `segments` and step until every one has ended."""
+    backend.submit(segments)
+    done = {}
+    while len(done) < len(segments):
+        done.update(backend.step())
+    return done
+
+
+def test_a_freed_row_is_reused_and_compaction_keeps_every_live_rows_slots(tag_prone):
+    _, model, _, _ = tag_prone
+    copied = []
+    pool = KVPool(model, 2, 4, on_copy=copied.append)
+    rows = [pool.new_row() for _ in range(20)]  # grows from 2 rows: a copy each time
+    assert pool.capacity[0] == 32 and copied
+    for row in rows:
+        first = pool.reserve(row, 3)
+        for layer in pool.keys:
+            layer[row.index, :, first : first + 3] = row.index  # a row's slots hold its own index
+    kept = [rows[3], rows[17]]
+    del rows, row
+    gc.collect()
+    new = pool.new_row()
+    assert new.index == 0  # the lowest free index
+    copied.clear()
+    pool.compact()  # 3 live rows (two kept, one new) in a span of 20: the kept ones move down
+    assert [new.index, kept[0].index, kept[1].index] == [0, 1, 2]
+    assert copied == [3 * pool.slot_bytes, 3 * pool.slot_bytes]  # each moved row's used slots, nothing else
+    for kept_row, value in zip(kept, (3, 17)):
+        assert all((layer[kept_row.index, :, :3] == value).all() for layer in pool.keys)
+
+
+def test_slots_grow_by_doubling_and_keep_what_they_hold(tag_prone):
+    _, model, _, _ = tag_prone
+    pool = KVPool(model, 2, 4)
+    row = pool.new_row()
+    pool.reserve(row, 3)
+    pool.keys[0][row.index, :, :3] = 7.0
+    assert pool.reserve(row, 10) == 3 and pool.capacity[1] == 16 and row.used == 13
+    assert (pool.keys[0][row.index, :, :3] == 7.0).all()
+
+
+def test_forks_and_joins_share_the_completions_row(tag_prone):
+    """No key or value is copied by a fork or a join: every stream of a completion reads the same row through
+    its own set of visible slots."""
+    _, model, tokenizer, _ = tag_prone
+    from parallel_r1.rollout import Sampling, TransformersBackend
+
+    backend = TransformersBackend(model, Sampling(temperature=1.0))
+    (parent,) = backend.start([tokenizer.encode("What is 2+2?")], seeds=[0])
+    decode(backend, [Segment(parent, max_new=3)])
+    children = backend.fork(parent, 2, isolated=True)
+    for child in children:
+        backend.append(child, [5])
+    decode(backend, [Segment(child, max_new=4) for child in children])
+    merged = backend.join(parent, children, isolated=True)
+    assert parent.row is children[0].row is children[1].row is merged.row
+    own = [set(c.sees.nonzero().flatten().tolist()) - set(parent.sees.nonzero().flatten().tolist()) for c in children]
+    assert own[0] and own[1] and not own[0] & own[1]  # each path sees its own slots, not its sibling's
+    assert set(merged.sees.nonzero().flatten().tolist()) >= own[0] | own[1]  # the summary sees both
+
+
+@pytest.mark.parametrize("mode", ["fork", "sequential"])
+def test_each_completion_is_decoded_on_its_own_critical_path(tag_prone, mode):
+    """Per-completion scheduling makes about as many forwards as the longest critical path (sampled tokens one
+    after another, the first paths of a block at once), and fewer than batch-wide rounds."""
+    _, _, tokenizer, vocab = tag_prone
+    settings = dict(attention="isolated" if mode == "fork" else "causal", rollout_mode=mode)
+    settings.update(max_completion_length=300, max_path_tokens=40, max_blocks=3)
+    batch = prompts(tokenizer) * 4
+    seeds = list(range(len(batch)))
+    forwards = {}
+    for schedule in ("per_completion", "rounds"):
+        rollout_engine = engine(tag_prone, schedule=schedule, **settings)
+        rollouts = rollout_engine.generate(batch, seeds)
+        forwards[schedule] = rollout_engine.backend.forwards
+    assert sum(r.blocks for r in rollouts) >= 6
+    longest = max(critical_steps(r, vocab, concurrent=mode == "fork") for r in rollouts)
+    assert longest <= forwards["per_completion"] <= longest + 2
+    assert forwards["rounds"] > 1.25 * forwards["per_completion"]
+
+
+def critical_steps(rollout, vocab, concurrent: bool) -> int:
+    """Sampled tokens one after another: in fork mode a block's paths are decoded at once."""
+    sampled, saved = rollout.env_mask, 0
+    if concurrent:
+        for block in parse(rollout.completion_ids, vocab).blocks:
+            counts = [sum(sampled[p.start : p.end]) for p in block.paths]
+            saved += sum(counts) - max(counts, default=0)
+    return sum(sampled) - saved
+
+
+def test_a_long_prompt_is_read_over_several_forwards_with_the_same_result(tag_prone):
+    """`max_step_tokens` splits a read; what is sampled does not change."""
+    _, model, tokenizer, _ = tag_prone
+    from parallel_r1.rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend
+
+    tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], tag_prone[3])
+    config = RolloutArguments(max_completion_length=60, max_path_tokens=12)
+    batch = [tokenizer.encode(" count the apples" * 12)] * 3 + prompts(tokenizer)
+    runs = {}
+    for budget in (8192, 7):
+        backend = TransformersBackend(model, Sampling(temperature=1.0), max_step_tokens=budget)
+        runs[budget] = ForkJoinEngine(backend, tokens, config).generate(batch, list(range(len(batch))))
+    assert [r.completion_ids for r in runs[7]] == [r.completion_ids for r in runs[8192]]
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        TransformersBackend(model, max_step_tokens=0)
