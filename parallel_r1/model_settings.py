@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .rollout import RolloutArguments
 from .rollout.arguments import RENAMED_KEYS, RENAMED_VALUES
+from .tags.tokens import eos_ids
 
 CONFIG_KEY = "parallel_r1"
 SETTINGS_FILE = "parallel_r1.json"
@@ -73,3 +74,15 @@ def _recorded(model_path: str, revision: str | None = None) -> dict | None:
     if recorded is None and (folder / SETTINGS_FILE).is_file():
         recorded = json.loads((folder / SETTINGS_FILE).read_text())
     return recorded
+
+
+def saved_eos_ids(tokenizer, path: str, revision: str | None = None) -> frozenset:
+    """The ids that end a completion of the model saved at `path` (a folder or a Hub id): the tokenizer's EOS and
+    those of the generation config saved with it, if it has one (`tags.tokens.eos_ids`)."""
+    from transformers import GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(path, revision=revision)
+    except OSError:
+        generation_config = None
+    return eos_ids(tokenizer, generation_config)

@@ -45,8 +45,7 @@ class ParallelSampler:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
         self.eos_ids = eos_ids(self.tokenizer, self.model.generation_config)
-        self.backend = TransformersBackend(self.model, Sampling(temperature=temperature, top_p=top_p, seed=seed),
-                                           pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
+        self.backend = TransformersBackend(self.model, Sampling(temperature=temperature, top_p=top_p, seed=seed))
         self.engine = None
         if self.settings.rollout_mode != "plain":
             tokens = EngineTokens.of(self.tokenizer, self.eos_ids)

@@ -13,15 +13,19 @@ QUESTIONS = [
     "Compute 17*3 please.",
     "Tell me.",
     "a b c d e f",
+    "If a train leaves at 3 and arrives at 7, how long is the trip?",
+    "Sum the first ten odd numbers.",
+    "Why?",
+    "There are 12 apples and 5 pears in a basket; 4 apples are eaten.",
+    "9 * 8 - 7",
+    "Which is larger, 2/3 or 3/5?",
 ]
 
 
 def engine(setup, kv_reuse="full", temperature=1.0, seed=0, schedule="per_completion", **config):
     _, model, tokenizer, vocab = setup
     config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
-    backend = TransformersBackend(
-        model, Sampling(temperature=temperature, seed=seed), kv_reuse, tokenizer.pad_token_id
-    )
+    backend = TransformersBackend(model, Sampling(temperature=temperature, seed=seed), kv_reuse)
     tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
     return ForkJoinEngine(backend, tokens, RolloutArguments(**config), schedule)
 

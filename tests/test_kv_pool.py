@@ -24,8 +24,8 @@ def test_a_freed_row_is_reused_and_compaction_keeps_every_live_rows_slots(tag_pr
     _, model, _, _ = tag_prone
     copied = []
     pool = KVPool(model, 2, 4, on_copy=copied.append)
-    rows = [pool.new_row() for _ in range(20)]  # grows from 2 rows: a copy each time
-    assert pool.capacity[0] == 32 and copied
+    rows = [pool.new_row() for _ in range(20)]  # 2, 3, 4, 6, 9, 13, 19, 28 rows: a copy each time
+    assert pool.capacity[0] == 28 and len(copied) == 7
     for row in rows:
         first = pool.reserve(row, 3)
         for layer in pool.keys:
@@ -118,3 +118,44 @@ def test_a_long_prompt_is_read_over_several_forwards_with_the_same_result(tag_pr
     assert [r.completion_ids for r in runs[7]] == [r.completion_ids for r in runs[8192]]
     with pytest.raises(ValueError, match="max_step_tokens"):
         TransformersBackend(model, max_step_tokens=0)
+
+
+def test_a_window_bounds_the_rows_of_a_plain_decode(tag_prone):
+    """`plain_decode(window=w)` decodes at most w of its 48 prompts at once, and the cache holds rows for at most 2w
+    (the w decoding, and those that ended in the last step until they are let go), not one per prompt."""
+    _, model, tokenizer, _ = tag_prone
+    from parallel_r1.rollout import Sampling, TransformersBackend, plain_decode
+
+    backend = TransformersBackend(model, Sampling(temperature=1.0))
+    live, capacity = 0, 0
+    for _ in plain_decode(backend, prompts(tokenizer) * 4, 12, [tokenizer.eos_token_id], window=3):
+        assert len(backend._active) <= 3
+        live = max(live, len(backend._pool_ref().live()))
+        capacity = max(capacity, backend._pool_ref().capacity[0])
+    assert live <= 6 and capacity <= 9  # rows grow by half: 1, 2, 3, 4, 6, 9
+
+
+def test_a_call_that_fails_leaves_nothing_behind(tag_prone):
+    """A forward that raises (an out-of-memory, say) ends the call; the backend keeps no segment, read or row of it,
+    and the next call samples as a fresh backend would."""
+    _, model, tokenizer, _ = tag_prone
+    rollout_engine = engine(tag_prone, max_completion_length=60)
+    calls = {"n": 0}
+
+    def fail_on_the_tenth(module, args, kwargs):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise RuntimeError("out of memory (simulated)")
+
+    hook = model.register_forward_pre_hook(fail_on_the_tenth, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match="simulated"):
+            rollout_engine.generate(prompts(tokenizer), list(range(12)))
+    finally:
+        hook.remove()
+    backend = rollout_engine.backend
+    gc.collect()
+    assert not backend._active and not backend._reads and backend._pool_ref() is None
+    again = rollout_engine.generate(prompts(tokenizer), list(range(12)))
+    fresh = engine(tag_prone, max_completion_length=60).generate(prompts(tokenizer), list(range(12)))
+    assert [r.completion_ids for r in again] == [r.completion_ids for r in fresh]

@@ -166,7 +166,7 @@ def test_a_completion_does_not_depend_on_its_batch_on_vllm(tag_prone, llm):
     """Every request has its own seed, from its stream's key: decoded alone or beside eleven others, in fork mode
     at temperature 1, a completion is the same (the K requests of a fork still draw different paths)."""
     _, _, tokenizer, vocab = tag_prone
-    batch, seeds = prompts(tokenizer) * 2, list(range(500, 512))
+    batch, seeds = prompts(tokenizer), list(range(500, 512))
     config = dict(attention="tree", rollout_mode="fork", min_paths=2, max_paths=4, max_completion_length=200)
     together = vllm_engine(tag_prone, VLLMBackend(llm=llm, sampling=Sampling(1.0)), **config).generate(batch, seeds)
     assert sum(r.blocks for r in together) >= 3
@@ -206,19 +206,24 @@ def test_server_mode_sends_the_segments_of_a_batch_at_once():
     assert all(done[s].tokens == [7, 7, 7] and s.stream.ids == [1, 2, 7, 7, 7] for s in segments)
 
 
-def test_on_cpu_no_seeded_request_is_split_between_steps(tag_prone_dir, tag_prone):
+def test_on_cpu_no_seeded_request_is_split_between_steps(tag_prone_dir, tag_prone, caplog):
     """vLLM rewinds a seeded request's generator after a partial prefill, which a CPU generator cannot do (it raised
     "CPU Generator does not use offset" as soon as the prompts of a step passed max_num_batched_tokens). On CPU the
-    backend adds requests only as far as a step reads them whole, and refuses a context no step can hold."""
+    backend adds requests only as far as a step reads them whole; a context no step can hold goes without a seed,
+    with a warning."""
     from vllm import LLM
 
     _, _, tokenizer, _ = tag_prone
     small = LLM(model=str(tag_prone_dir), dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
                 max_num_batched_tokens=128, max_num_seqs=8, logprobs_mode="processed_logprobs")  # fmt: skip
     config = dict(attention="tree", rollout_mode="fork", max_completion_length=100)
-    batch = prompts(tokenizer) * 4  # 24 completions, far more prompt tokens than one step of 128 reads
+    batch = prompts(tokenizer) * 2  # 24 completions, far more prompt tokens than one step of 128 reads
     rollouts = vllm_engine(tag_prone, VLLMBackend(llm=small, sampling=Sampling(1.0)), **config).generate(batch)
     assert len(rollouts) == 24 and sum(r.blocks for r in rollouts) > 0
     too_long = [tokenizer.encode(" count the apples" * 60, add_special_tokens=False)]
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        vllm_engine(tag_prone, VLLMBackend(llm=small, sampling=Sampling(1.0)), **config).generate(too_long)
+    assert len(too_long[0]) > 128
+    with caplog.at_level("WARNING"):
+        (rollout,) = vllm_engine(tag_prone, VLLMBackend(llm=small, sampling=Sampling(1.0)), **config).generate(
+            too_long
+        )
+    assert rollout.completion_ids and "without a seed" in caplog.text

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from ..tags.tokens import eos_ids, saved_eos_ids
+from ..model_settings import saved_eos_ids
+from ..tags.tokens import eos_ids
 from .config import ColdStartConfig
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class TransformersTeacher:
         if not self.eos:
             raise ValueError(f"{config.model_name_or_path} names no end-of-sequence token: it could not stop")
         sampling = Sampling(temperature=config.temperature, top_p=config.top_p)
-        self.backend = TransformersBackend(model, sampling, pad_token_id=self.tokenizer.pad_token_id or 0)
+        self.backend = TransformersBackend(model, sampling)
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
         import torch

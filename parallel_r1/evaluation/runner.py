@@ -12,11 +12,11 @@ same folder are refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import time
-import zlib
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -24,10 +24,11 @@ from tqdm.auto import tqdm
 from ..cli import check_model_path
 from ..data import DataArguments, load_problems, prompt_ids
 from ..durable import check_settings
+from ..model_settings import saved_eos_ids
 from ..rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.arguments import concurrent_paths
 from ..rollout.vllm_backend import VLLMBackend
-from ..tags.tokens import has_parallel_tokens, saved_eos_ids, tag_vocab
+from ..tags.tokens import has_parallel_tokens, tag_vocab
 from ..versions import versions
 from . import records as rec
 from .config import EvaluationConfig
@@ -169,7 +170,7 @@ class _CompletionSource:
     def _backend(self):
         sampling = Sampling(self.config.temperature, self.config.top_p, self.config.top_k, self.config.seed)
         if self.model is not None:
-            return TransformersBackend(self.model, sampling, pad_token_id=self.tokenizer.pad_token_id)
+            return TransformersBackend(self.model, sampling)
         if self.llm is not None:
             return VLLMBackend(llm=self.llm, sampling=sampling)
         return VLLMBackend(client=self.client, sampling=sampling, vocab_size=self.vocab_size)
@@ -188,9 +189,10 @@ class _CompletionSource:
 
 
 def _completion_seed(seed: int, benchmark: str, problem: int, sample: int) -> int:
-    """A completion's own seed, from the run's seed and which completion it is: however the completions are batched,
-    split between processes or resumed, each one draws the same random numbers."""
-    return zlib.crc32(f"{seed}/{benchmark}/{problem}/{sample}".encode())
+    """A completion's own 64-bit seed, from the run's seed and which completion it is: however the completions are
+    batched, split between processes or resumed, each one draws the same random numbers."""
+    digest = hashlib.sha256(f"{seed}/{benchmark}/{problem}/{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
 
 def _check_settings(folder: Path, config: EvaluationConfig, model_args) -> None:

@@ -28,7 +28,7 @@ them:
 
 Sampling does not depend on scheduling: the i-th token a stream draws comes from random numbers that are a
 function of the stream's key (its completion's seed and its place in the completion: which block, which path)
-and of i alone (`stream_seed`, `gumbel_noise`, `request_seed`), whatever else is decoded beside it and whenever it
+and of i alone (`stream_seed`, `exponential_noise`, `request_seed`), whatever else is decoded beside it and whenever it
 finishes.
 """
 
@@ -74,7 +74,8 @@ class Segment:
 
 @dataclass
 class Decoded:
-    """What a segment produced. `sampled[i]` is False for a forced closer (its log-prob is 0.0)."""
+    """What a segment produced. `sampled[i]` is False for a forced closer (its log-prob is 0.0). `finish` is "stop",
+    "end" or "length" once the segment has ended ("running" while a backend is still decoding it)."""
 
     tokens: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
@@ -141,11 +142,23 @@ def _hash(*parts: int) -> int:
 FORK, JOIN, PROBE = 0, 1, 2  # how a stream was derived from another: part of its key
 
 
-def derived_key(key: tuple, kind: int, *index: int) -> tuple:
-    """The key of a stream derived from the stream with `key`: a path (FORK, block, path), the context after a
-    join (JOIN, block, paths joined) or a probe (PROBE, draws of the probed stream). Every stream of a completion
-    has its own key, so no two of them draw the same numbers."""
-    return (*key, kind, *index)
+def path_keys(stream, k: int, first: int) -> list[tuple]:
+    """The keys of paths `first`..`first + k - 1` forked from `stream` (which counts its blocks in `forks`: a fork
+    with `first == 0` opens a new one): (FORK, block, path) after the stream's key. Every stream of a completion has
+    its own key, so no two of them draw the same numbers."""
+    if first == 0:
+        stream.forks += 1
+    return [(*stream.key, FORK, stream.forks - 1, first + path) for path in range(k)]
+
+
+def join_key(parent, paths: int) -> tuple:
+    """The key of the context after a join of `paths` paths of `parent`'s last block."""
+    return (*parent.key, JOIN, parent.forks - 1, paths)
+
+
+def probe_key(stream) -> tuple:
+    """The key of a probe of `stream` (its draws so far tell two probes of one stream apart)."""
+    return (*stream.key, PROBE, stream.draws)
 
 
 def completion_seeds(generator: torch.Generator, count: int) -> list[int]:
@@ -164,25 +177,10 @@ def request_seed(key: tuple, draw: int) -> int:
     return stream_seed(key, draw) >> 1
 
 
-def gumbel_noise(seeds: list[int], vocab_size: int, device=None) -> torch.Tensor:
-    """[len(seeds), vocab_size] float64: one standard Gumbel number per token id, a function of the row's seed
-    (`stream_seed`) and the id alone. argmax(log-probs + noise) draws a token from the distribution (the Gumbel-max
-    trick); unlike the inverse of a CDF it moves only if the two best scores are within a rounding error of each
-    other, so a logit off in its last bits (another batch beside it) practically never changes the token."""
-    seeds = torch.tensor([[seed & _MASK32, seed >> 32] for seed in seeds], dtype=torch.int64, device=device)
-    ids = torch.arange(vocab_size, dtype=torch.int64, device=device)
-    bits = _mix32(seeds[:, :1] ^ ((ids[None, :] * 0x27D4EB2D) & _MASK32))
-    bits = _mix32(bits ^ seeds[:, 1:])
-    uniform = (bits.double() + 0.5) * 2.0**-32
-    return -torch.log(-torch.log(uniform))
-
-
-_MASK32 = (1 << 32) - 1
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (two rounds of xor-shift-multiply) on int64 tensors holding values below 2**32; every
-    product stays below 2**63."""
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
-    return (x >> 16) ^ x
+def exponential_noise(seed: int, size: int, device=None) -> torch.Tensor:
+    """`size` Exp(1) numbers from a generator seeded with `seed` (a `stream_seed`). argmax(probs / noise) draws a
+    token from the distribution (the exponential race, which vLLM's sampler runs too); unlike the inverse of a CDF it
+    moves only if the two best ratios are within a rounding error of each other, so a logit off in its last bits
+    (another batch beside it) practically never changes the token."""
+    generator = torch.Generator(device).manual_seed(seed)
+    return torch.empty(size, device=device).exponential_(generator=generator)

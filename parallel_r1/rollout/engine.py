@@ -36,7 +36,7 @@ Rules:
 
 from __future__ import annotations
 
-import itertools
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -116,7 +116,7 @@ class _State:
 class ForkJoinEngine:
     """Rollouts of `config` on `backend`. `schedule`: "per_completion" (each completion moves to its next phase
     as soon as its own segments end) or "rounds" (every completion waits until all the segments of the batch have
-    ended, as earlier versions did: the baseline of `benchmarks/bench_scheduling.py`)."""
+    ended, as earlier versions did: the baseline of `benchmarks/bench_rollout.py`)."""
 
     def __init__(
         self,
@@ -151,29 +151,37 @@ class ForkJoinEngine:
         bar = tqdm(total=len(states), desc="rollouts", unit="completion", disable=not progress, leave=False)
         owners: dict[Segment, _State] = {}
         held: list[_State] = []  # rounds: completions whose next segments wait for the round to end
-        for state in states:
-            self._launch(state, owners)
-        while owners:
-            for segment, decoded in self.backend.step():
-                state = owners.pop(segment)
-                state.results[segment] = decoded
-                if len(state.results) < len(state.waiting):
-                    continue  # the block's other paths are still being decoded
-                self._advance(state, [state.results[s] for s in state.waiting])
-                if state.phase == "done":
-                    self.backend.release(state.stream)
-                    state.release()
-                    bar.update()
-                elif self.schedule == "rounds":
-                    held.append(state)
-                else:
-                    self._launch(state, owners)
-            if not owners:
-                for state in held:
-                    self._launch(state, owners)
-                held = []
-        bar.close()
+        try:
+            for state in states:
+                self._launch(state, owners)
+            while owners:
+                for segment, decoded in self.backend.step():
+                    state = owners.pop(segment)
+                    state.results[segment] = decoded
+                    if len(state.results) < len(state.waiting):
+                        continue  # the block's other paths are still being decoded
+                    self._advance(state, [state.results[s] for s in state.waiting])
+                    if state.phase == "done":
+                        self._finish(state)
+                        bar.update()
+                    elif self.schedule == "rounds":
+                        held.append(state)
+                    else:
+                        self._launch(state, owners)
+                if not owners:
+                    for state in held:
+                        self._launch(state, owners)
+                    held = []
+        finally:  # after an error too: the backend keeps nothing of this call
+            for state in states:
+                if state.stream is not None:
+                    self._finish(state)
+            bar.close()
         return [s.rollout for s in states]
+
+    def _finish(self, state: _State) -> None:
+        self.backend.release(state.stream)
+        state.release()
 
     def _launch(self, state: _State, owners: dict) -> None:
         """Submit the segments of the state's current phase."""
@@ -312,19 +320,29 @@ def plain_decode(
     """One plain decode per prompt, no engine and no grammar (models without the tags, sequential baselines, a
     teacher), yielded as (prompt index, rollout) as each one ends. At most `window` are decoded at once (all by
     default): the next prompt starts as soon as one ends. `seeds` as in `ForkJoinEngine.generate`."""
-    streams = backend.start(prompts, seeds)
-    segments = [Segment(stream, max_new=max_new, end_ids=frozenset(eos_ids)) for stream in streams]
-    index = {segment: i for i, segment in enumerate(segments)}
-    waiting = iter(segments)
-    backend.submit(list(itertools.islice(waiting, window)))
-    left = len(segments)
-    while left:
-        for segment, decoded in backend.step():
-            left -= 1
+    ends = frozenset(eos_ids)
+    waiting = deque(enumerate(backend.start(prompts, seeds)))
+    running: dict[Segment, int] = {}  # a finished one is let go at once: its row with it
+
+    def submit(count: int) -> None:
+        started = []
+        for _ in range(min(count, len(waiting))):
+            i, stream = waiting.popleft()
+            started.append(Segment(stream, max_new=max_new, end_ids=ends))
+            running[started[-1]] = i
+        backend.submit(started)
+
+    try:
+        submit(len(waiting) if window is None else window)
+        while running:
+            for segment, decoded in backend.step():
+                i = running.pop(segment)
+                backend.release(segment.stream)
+                submit(1)
+                yield i, Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length")
+    finally:  # after an error, or a caller that stops early: the backend keeps nothing of this call
+        for segment in running:
             backend.release(segment.stream)
-            backend.submit(list(itertools.islice(waiting, 1)))
-            i = index[segment]
-            yield i, Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length")
 
 
 def plain_rollouts(

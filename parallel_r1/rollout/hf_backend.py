@@ -22,9 +22,9 @@ and as the reference:
 - "none": every token is sampled after reading the whole context again (the naive reference).
 Contexts read again from scratch use the isolated mask of `structure`, so all three sample the same distribution.
 
-A token's randomness is its stream's: Gumbel noise that is a function of the stream's key and the token's index
-(`backend.gumbel_noise`), added to the warped log-probs. So a completion is the same whatever else shares its
-forwards.
+A token's randomness is its stream's: exponential noise that is a function of the stream's key and the token's
+index (`backend.exponential_noise`), dividing the warped probabilities. So a completion is the same whatever else
+shares its forwards.
 """
 
 from __future__ import annotations
@@ -39,15 +39,14 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from ..structure import isolated_mask
 from .backend import (
-    FORK,
-    JOIN,
-    PROBE,
     Decoded,
     Sampling,
     Segment,
     completion_seeds,
-    derived_key,
-    gumbel_noise,
+    exponential_noise,
+    join_key,
+    path_keys,
+    probe_key,
     stream_seed,
 )
 from .kv_pool import ATTENTION, KVPool, Row, plan_forward
@@ -114,7 +113,6 @@ class TransformersBackend:
         model,
         sampling: Sampling | None = None,
         kv_reuse: Literal["full", "per_request", "none"] = "full",
-        pad_token_id: int = 0,
         max_step_tokens: int = 8192,
     ):
         if kv_reuse not in ("full", "per_request", "none"):
@@ -130,7 +128,7 @@ class TransformersBackend:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be at least 1, got {max_step_tokens}")
         sampling = sampling or Sampling()
-        self.model, self.sampling, self.kv_reuse, self.pad = model, sampling, kv_reuse, pad_token_id
+        self.model, self.sampling, self.kv_reuse = model, sampling, kv_reuse
         self.max_step_tokens = max_step_tokens
         self.device = next(model.parameters()).device
         self.generator = torch.Generator()  # draws each call's completion seeds
@@ -143,7 +141,6 @@ class TransformersBackend:
             warpers.append(TopPLogitsWarper(sampling.top_p))
         self.warpers = LogitsProcessorList(warpers)
         self._pool_ref = None  # weak: the pool lives as long as a stream refers to one of its rows
-        self._rows_hint = 1
         self._reads: list[_Read] = []
         self._active: dict[Segment, Decoded] = {}
         self.forwards = 0  # model forward calls, for benchmarks
@@ -161,28 +158,20 @@ class TransformersBackend:
             stream = HFStream(key=(seed,), family=object())
             stream.extend(list(prompt))
             streams.append(stream)
-        self._rows_hint = max(1, len(prompts))
         return streams
 
     def append(self, stream: HFStream, ids: list[int]) -> None:
         stream.extend(list(ids))
 
     def fork(self, stream: HFStream, k: int, isolated: bool, first: int = 0) -> list[HFStream]:
-        if first == 0:  # a new block
-            stream.forks += 1
-        block = stream.forks - 1
+        keys = path_keys(stream, k, first)
         self._share(stream)
-        return [
-            stream.derive(
-                derived_key(stream.key, FORK, block, first + path),
-                group=(block, first + path) if isolated else OUTSIDE,
-            )
-            for path in range(k)
-        ]
+        groups = [(stream.forks - 1, first + path) if isolated else OUTSIDE for path in range(k)]
+        return [stream.derive(key, group=group) for key, group in zip(keys, groups)]
 
     def join(self, parent: HFStream, children: list[HFStream], isolated: bool) -> HFStream:
         base = len(parent.ids)
-        key = derived_key(parent.key, JOIN, parent.forks - 1, len(children))
+        key = join_key(parent, len(children))
         for child in children:
             self._share(child)
         if not isolated:
@@ -203,7 +192,7 @@ class TransformersBackend:
 
     def probe(self, stream: HFStream, token: int) -> HFStream:
         self._share(stream)
-        probe = stream.derive(derived_key(stream.key, PROBE, stream.draws), group=OUTSIDE)
+        probe = stream.derive(probe_key(stream), group=OUTSIDE)
         probe.ids.append(token)
         probe.positions.append(stream.next_pos - 1)
         probe.block_of.append(OUTSIDE[0])
@@ -211,20 +200,22 @@ class TransformersBackend:
         return probe
 
     def release(self, stream: HFStream) -> None:
-        """The completion of `stream` is over: drop the reads queued for it (its row is free once no stream of it
-        is referred to)."""
+        """The completion of `stream` is over (or abandoned): drop its queued reads and its segments (its row is free
+        once no stream of it is referred to)."""
         self._reads = [read for read in self._reads if read.stream.family is not stream.family]
+        for segment in [s for s in self._active if s.stream.family is stream.family]:
+            del self._active[segment]
 
     # ------------------------------------------------------------------ placing tokens in rows
 
     def _new_row(self, tokens: int) -> Row:
-        """A row of the live pool, or of a new one sized for this many prompts and twice `tokens` slots."""
+        """A row of the live pool, or of a new one with twice `tokens` slots (the pool doubles as it needs)."""
         pool = self._pool_ref and self._pool_ref()
         if pool is None:
             slots = 256
             while slots < 2 * tokens:
                 slots *= 2
-            pool = KVPool(self.model, self._rows_hint, slots, on_copy=self._copied)
+            pool = KVPool(self.model, 1, slots, on_copy=self._copied)
             self._pool_ref = weakref.ref(pool)
         return pool.new_row()
 
@@ -294,6 +285,8 @@ class TransformersBackend:
             if out.finish != "running":  # what it wrote last is read by whoever continues the stream
                 finished.append((segment, out))
                 del self._active[segment]
+                if self.kv_reuse != "full":  # its next segment reads the context again: the row can go
+                    segment.stream.row = segment.stream.sees = None
             elif self.kv_reuse == "none":
                 self._read_again(segment.stream)
             else:  # within a segment, the stream goes on in its row
@@ -364,7 +357,7 @@ class TransformersBackend:
         return visible
 
     def _choose(self, logits: torch.Tensor, segments: list[Segment]):
-        """The next token of each row (greedy, or Gumbel-max with its stream's noise) and its log-prob."""
+        """The next token of each row (greedy, or the exponential race with its stream's noise) and its log-prob."""
         logits = logits.float().clone()
         for row, segment in enumerate(segments):
             if segment.only is not None:
@@ -378,16 +371,24 @@ class TransformersBackend:
             tokens, scores = logits.argmax(-1), logits
         else:
             scores = self.warpers(None, logits)
-            noise = gumbel_noise([_draw(s.stream) for s in segments], scores.shape[-1], scores.device)
-            tokens = (torch.log_softmax(scores.double(), -1) + noise).argmax(-1)
+            probs = torch.softmax(scores, -1)
+            tokens = (probs / _noise(probs, segments)).argmax(-1)
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens.tolist(), logprobs.tolist()
 
 
-def _draw(stream: HFStream) -> int:
-    seed = stream_seed(stream.key, stream.draws)
-    stream.draws += 1
-    return seed
+def _noise(probs: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+    """Each row's next exponential noise, from its stream's key and draws (the exponential race: the token is
+    argmax(probs / noise)); a row with an allow-list draws noise for the allowed ids alone, so a width decision races
+    two tokens, not the whole vocabulary."""
+    noise = torch.full_like(probs, float("inf"))
+    for row, segment in enumerate(segments):
+        stream = segment.stream
+        seed = stream_seed(stream.key, stream.draws)
+        stream.draws += 1
+        ids = sorted(segment.only) if segment.only is not None else slice(None)
+        noise[row, ids] = exponential_noise(seed, probs.shape[-1] if segment.only is None else len(ids), probs.device)
+    return noise
 
 
 def _padded(sees: torch.Tensor | None, size: int) -> torch.Tensor:

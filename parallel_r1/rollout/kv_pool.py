@@ -11,9 +11,9 @@ with its row, its slot and the slots it may see. `fork_join_attention`, register
 attention implementation "parallel_r1_fork_join", writes the new keys and values into their slots and lets every
 query attend to the slots it sees. The rows are attended as views of the pool: no key or value is gathered.
 
-The pool grows by doubling (rows or slots: a copy of what it holds). A finished completion's row is free as soon
-as no stream refers to it, and a new row takes its place. When most rows below the highest one in use are free,
-the live rows move down (`compact`). The pool reports the bytes these moves and growths copy (`on_copy`).
+The pool grows its rows by half and doubles its slots (each a copy of what it holds). A finished completion's row is
+free as soon as no stream refers to it, and a new row takes its place. When most rows below the highest one in use
+are free, the live rows move down (`compact`). The pool reports the bytes these moves and growths copy (`on_copy`).
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ class KVPool:
         return [row for row in (ref() for ref in self._rows) if row is not None]
 
     def new_row(self) -> Row:
-        """A row with no slot used: the lowest free index, else a new one (the pool doubles if it is full)."""
+        """A row with no slot used: the lowest free index, else a new one (the pool grows by half if it is full)."""
         index = next((i for i, ref in enumerate(self._rows) if ref() is None), len(self._rows))
         if index == len(self._rows):
             self._rows.append(None)
         if index >= self.capacity[0]:
-            self._grow(rows=2 * self.capacity[0])
+            self._grow(rows=self.capacity[0] + max(1, self.capacity[0] // 2))
         row = Row(self, index)
         self._rows[index] = weakref.ref(row)
         return row

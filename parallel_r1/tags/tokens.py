@@ -109,14 +109,3 @@ def eos_ids(tokenizer, generation_config=None) -> frozenset:
     eos = getattr(generation_config, "eos_token_id", None)
     listed = eos if isinstance(eos, (list, tuple)) else [eos]
     return frozenset({tokenizer.eos_token_id, *listed} - {None})
-
-
-def saved_eos_ids(tokenizer, path: str, revision: str | None = None) -> frozenset:
-    """`eos_ids` of the model saved at `path` (local folder or Hub id): its generation config's, if it has one."""
-    from transformers import GenerationConfig
-
-    try:
-        generation_config = GenerationConfig.from_pretrained(path, revision=revision)
-    except OSError:
-        generation_config = None
-    return eos_ids(tokenizer, generation_config)

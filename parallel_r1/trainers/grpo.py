@@ -145,9 +145,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
             backend = self._sampler(lambda: VLLMBackend(llm=self.vllm_generation.llm, sampling=self._sampling()))
             return self._engine(backend).generate(prompt_ids)
         with self._generation_model() as model:
-            backend = self._sampler(
-                lambda: TransformersBackend(model, self._sampling(), pad_token_id=self._tokenizer.pad_token_id)
-            )
+            backend = self._sampler(lambda: TransformersBackend(model, self._sampling()))
             backend.model = model
             return self._engine(backend).generate(prompt_ids)
 
@@ -156,7 +154,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         random stream of their own (the training stream is not touched). For in-training evaluation."""
         with self._generation_model() as model:
             sampling = Sampling(temperature=self.args.temperature, seed=seed)
-            backend = TransformersBackend(model, sampling, pad_token_id=self._tokenizer.pad_token_id)
+            backend = TransformersBackend(model, sampling)
             return self._engine(backend).generate(prompt_ids)
 
     @contextmanager
@@ -214,6 +212,8 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
         if checkpoint is None or self.grammar is None:
             return
         self._warn_if_mid_generation()
+        if self.use_vllm and self.vllm_generation.mode == "server" and not self.accelerator.is_main_process:
+            return  # in server mode the main process samples for all (`_rollouts_on_main_process`)
         path = os.path.join(checkpoint, ENGINE_RNG_FILE.format(self.args.process_index))
         if not os.path.isfile(path):
             logger.warning("%s is missing (an older checkpoint): the engine samples from its seed again", path)
