@@ -339,7 +339,10 @@ def plain_decode(
                 i = running.pop(segment)
                 backend.release(segment.stream)
                 submit(1)
-                yield i, Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length")
+                yield (
+                    i,
+                    Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length"),
+                )
     finally:  # after an error, or a caller that stops early: the backend keeps nothing of this call
         for segment in running:
             backend.release(segment.stream)
