@@ -111,10 +111,12 @@ def test_grpo_writes_the_card_at_each_checkpoint_and_its_snippet_samples_the_mod
     metrics = rows(text, "Last logged metrics")
     assert {"loss", "reward", "parallel/ratio", "rewards/well_formed/mean"} <= set(metrics) and len(metrics) < 16
     assert list((out / "completions").glob("completions_*.parquet"))  # log_completions: TRL's parquet (README)
-    printed = io.StringIO()
+    printed, snippet = io.StringIO(), {}
     with contextlib.redirect_stdout(printed):
-        exec(code_block(text, "python"), {})  # the card's snippet, as a user would paste it
-    assert printed.getvalue().strip()
+        exec(code_block(text, "python"), snippet)  # the card's snippet, as a user would paste it
+    # it sampled the saved model (a completion may be a lone EOS after two steps) and printed the text of it
+    assert snippet["rollout"].completion_ids and snippet["sampler"].model.config._name_or_path == str(out)
+    assert printed.getvalue() == snippet["sampler"].text(snippet["rollout"]) + "\n"
 
 
 def test_a_card_before_any_log_names_hub_models_and_datasets_in_its_metadata(tiny_dir, tmp_path):

@@ -364,18 +364,24 @@ def test_the_varied_width_teacher_writes_blocks_of_two_to_four_attempts_evenly()
 def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
     from parallel_r1.testing.demo.width import curve_table, plot_width, width_table
 
+    def entry(step, width, accuracy):  # a width of 0: a step without blocks, logged so by the trainer
+        per_block = {"parallel/paths_per_block": width, "parallel/openings_alike": 0.5 if width else 0.0}
+        return {"step": step, "parallel/ratio": 0.5 if width else 0.0, **per_block, "rewards/accuracy/mean": accuracy}
+
+    narrows = [3.0, 3.0, 2.9, 2.5, 2.2, 2.1]
+    runs = {
+        "narrows": [entry(5 * (i + 1), w, 0.1 * i) for i, w in enumerate(narrows)] + [entry(35, 0.0, 0.4)],
+        "once": [entry(5, 2.5, 0.0)],
+        "idle": [entry(5, 0.0, 0.0)],
+    }
     states = {}
-    for label, widths in (("narrows", [3.0, 3.0, 2.9, 2.5, 2.2, 2.1]), ("once", [2.5]), ("idle", [])):
-        history = [
-            {"step": 5 * (i + 1), "parallel/paths_per_block": w, "parallel/openings_alike": 0.5,
-             "rewards/accuracy/mean": 0.1 * i}
-            for i, w in enumerate(widths)
-        ]  # fmt: skip
+    for label, history in runs.items():
         states[label] = tmp_path / f"{label}.json"
         states[label].write_text(json.dumps({"log_history": history}))
     table = width_table(states).splitlines()
-    assert table[2].startswith("| narrows | 2.97 -> 2.27 | 50.00 -> 50.00 | 0.10 -> 0.40 |")
-    assert table[3].startswith("| once | 2.50 -> 2.50 |") and table[4] == "| idle | - | - | - |"
+    # the blockless step 35 counts for the accuracy, not for the width (nor the alike openings)
+    assert table[2].startswith("| narrows | 2.97 -> 2.27 | 50.00 -> 50.00 | 0.10 -> 0.43 |")
+    assert table[3].startswith("| once | 2.50 -> 2.50 |") and table[4] == "| idle | - | - | 0.00 -> 0.00 |"
     curve = curve_table(states, every=10).splitlines()
     assert curve[0] == "| step | narrows | once | idle |"
     assert curve[2:] == [

@@ -71,8 +71,8 @@ def test_writes_the_table_the_json_and_the_completions(evaluated, tag_prone_dir)
     assert table.strip() == markdown_table([{"label": saved["label"], **recomputed}]).strip()
     assert "| Model | Parallel % | gsm8k (mean@4 / pass@4) | amc23 (mean@4 / pass@4) | Avg of means |" in table
     assert "| Paths/block (min-max) | Alike % |" in table
-    for m in saved["benchmarks"].values():  # fixed width 2: a block cut by the cap may hold only one path
-        assert 1 <= m["paths_per_block_min"] <= m["paths_per_block_max"] == 2
+    for m in saved["benchmarks"].values():  # fixed width 2: a block cut by the cap may hold one path, or none
+        assert 0 <= m["paths_per_block_min"] <= m["paths_per_block_max"] == 2
 
 
 def test_a_restart_with_the_same_settings_samples_nothing_new(evaluated, tag_prone_dir):

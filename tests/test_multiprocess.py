@@ -33,7 +33,12 @@ from transformers import AutoTokenizer
 
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny_grpo import tiny_grpo_config
-from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer, check_zero3_generation
+from parallel_r1.trainers.grpo import (
+    ParallelGRPOConfig,
+    ParallelGRPOTrainer,
+    _without_zero3_step_hook,
+    check_zero3_generation,
+)
 
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1"]
 SETUPS = {
@@ -232,8 +237,41 @@ def test_zero3_without_the_gather_refuses_the_engine_on_transformers(tmp_path, t
     for mode, attention in (("fork", "isolated"), ("fork", "tree"), ("sequential", "causal")):
         with pytest.raises(ValueError, match="set ds3_gather_for_generation true"):
             check_zero3_generation(zero3_config(tmp_path, rollout_mode=mode, attention=attention))
-    # in step by construction: TRL's own generation (synced_gpus), vLLM (no collective), the gather on
+    # in step by construction: TRL's own generation (synced_gpus), vLLM (no collective), the gather on (with the
+    # start-of-forward hook taken off: the next test)
     check_zero3_generation(zero3_config(tmp_path, rollout_mode="plain", attention="causal"))
     check_zero3_generation(zero3_config(tmp_path, use_vllm=True))
     check_zero3_generation(zero3_config(tmp_path, ds3_gather_for_generation=True))
     check_zero3_generation(tiny_grpo_config(tmp_path, ds3_gather_for_generation=False))  # no DeepSpeed
+
+
+def test_generation_runs_without_zero3s_collective_start_of_forward_hook():
+    """ZeRO-3 keeps a hook on the top module whose `reset_step` is a collective until its trace is complete: two
+    processes whose engines make different numbers of forwards (one of them a single forward, its completions all
+    ended at their first token) waited on each other forever. The hook is off while the engine samples and back
+    first in line after; DeepSpeed's object is laid out as `engine.optimizer.parameter_offload.fwd_pre_hook`."""
+    import inspect
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    # where the installed DeepSpeed keeps the hook (an upgrade that moves it fails here, by name)
+    assert "self.parameter_offload = " in inspect.getsource(DeepSpeedZeroOptimizer_Stage3)
+    hooks = inspect.getsource(DeepSpeedZeRoOffload.setup_zero_stage3_hooks)
+    assert "self.fwd_pre_hook = self.module.register_forward_pre_hook(_start_of_forward_hook)" in hooks
+
+    calls = []
+    module = torch.nn.Linear(2, 2)
+    module.register_forward_pre_hook(lambda m, args: calls.append("module"))  # a ZeRO-3 module hook (TRL's to remove)
+    offload = SimpleNamespace(module=module)
+    offload.fwd_pre_hook = module.register_forward_pre_hook(lambda m, args: calls.append("reset_step"), prepend=True)
+    engine = SimpleNamespace(optimizer=SimpleNamespace(parameter_offload=offload))
+    with _without_zero3_step_hook(engine):
+        module(torch.zeros(2))
+    assert calls == ["module"]
+    module(torch.zeros(2))
+    assert calls == ["module", "reset_step", "module"]  # back, and before the module's own hooks
+    with _without_zero3_step_hook(SimpleNamespace(optimizer=None)), _without_zero3_step_hook(module):
+        module(torch.zeros(2))  # DDP, one process, or before DeepSpeed set its hooks up: nothing to take off
+    assert calls[-2:] == ["reset_step", "module"]

@@ -54,6 +54,28 @@ def _zero3(args) -> bool:
     return plugin is not None and plugin.hf_ds_config.is_zero3()
 
 
+@contextmanager
+def _without_zero3_step_hook(engine):
+    """DeepSpeed ZeRO-3's start-of-forward hook taken off `engine`'s module for the duration, put back first in line.
+
+    TRL's gather for generation removes ZeRO-3's hooks on the modules but keeps this one, whose `reset_step` is a
+    collective (the processes compare their traces of the modules) until a trace is complete: the first forwards
+    after each training step. The engine schedules each process's completions on their own, so processes make
+    different numbers of forwards (one whose completions all end at their first token makes one) and the first
+    forwards of one would wait forever for the other's. On gathered weights the hook has nothing to do."""
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    handle = getattr(offload, "fwd_pre_hook", None)
+    if handle is None:  # not ZeRO-3, or before DeepSpeed set its hooks up
+        yield
+        return
+    hook = offload.module._forward_pre_hooks[handle.id]
+    handle.remove()
+    try:
+        yield
+    finally:
+        offload.fwd_pre_hook = offload.module.register_forward_pre_hook(hook, prepend=True)
+
+
 def check_zero3_generation(args: ParallelGRPOConfig) -> None:
     """Refuse `ds3_gather_for_generation=false` under ZeRO-3 when the engine samples with the transformers backend.
 
@@ -169,6 +191,7 @@ class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
             ) as model,
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
+            _without_zero3_step_hook(self.model_wrapped),
         ):
             yield model
 

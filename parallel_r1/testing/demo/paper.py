@@ -70,11 +70,11 @@ def logged(states: list[Path | str], key: str) -> list[tuple[int, float]]:
     return points
 
 
-def block_positions(states: list[Path | str]) -> list[tuple[int, float]]:
-    """(step, block position) of one RL run at the logged steps where it opened blocks (a position is logged as 0
-    when there were none)."""
+def with_blocks(states: list[Path | str], key: str) -> list[tuple[int, float]]:
+    """(step, value) of a per-block metric of one RL run (a block's position, its width) at the logged steps where it
+    opened blocks: such a metric is logged as 0 when there were none."""
     ratios = dict(logged(states, RATIO_KEY))
-    return [(s, v) for s, v in logged(states, POSITION_KEY) if ratios.get(s, 0) > 0]
+    return [(s, v) for s, v in logged(states, key) if ratios.get(s, 0) > 0]
 
 
 def ends(points: list[tuple[int, float]], window: int = 3) -> tuple[float, float] | None:
@@ -91,7 +91,7 @@ def drift(curves: dict) -> dict:
     which blocks were opened; a run with fewer than two such points has none."""
     out = {}
     for label, states in curves.items():
-        points = block_positions(states)
+        points = with_blocks(states, POSITION_KEY)
         if len(points) >= 2:
             out[label] = ends(points)
     return out
@@ -167,7 +167,7 @@ def paper_table(results: dict, drifts: dict, records: dict) -> str:
 
 def plot_drift(curves: dict, path: Path) -> Path:
     """The block's relative position over training steps, one line per RL run that opened blocks."""
-    points = {label: block_positions(states) for label, states in curves.items()}
+    points = {label: with_blocks(states, POSITION_KEY) for label, states in curves.items()}
     return plot_curves(points, path, "block position in the answer (0 start, 1 end)", "Where the block opens, over RL")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .paper import ends, logged, plot_curves
+from .paper import ends, logged, plot_curves, with_blocks
 
 # label -> (the run's folder under the demo's output, its problems under data/, its reward specs)
 WIDTH_RUNS = {
@@ -30,16 +30,18 @@ SHOWN = {
     "alike openings %": "parallel/openings_alike",
     "accuracy reward": "rewards/accuracy/mean",
 }
+PER_BLOCK = {WIDTH_KEY, "parallel/openings_alike"}  # logged as 0 at a step without blocks: read where there were
 
 
 def width_table(states: dict) -> str:
-    """label -> trainer_state.json of each run: each shown metric at the start and at the end of its RL run."""
+    """label -> trainer_state.json of each run: each shown metric at the start and at the end of its RL run (a
+    per-block metric over the steps that opened blocks)."""
     header = ["Run", *(f"{name} (start -> end)" for name in SHOWN)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, state in states.items():
         cells = [label]
         for name, key in SHOWN.items():
-            moved = ends(logged([state], key))
+            moved = ends((with_blocks if key in PER_BLOCK else logged)([state], key))
             scale = 100 if name.endswith("%") else 1
             cells.append("-" if moved is None else f"{scale * moved[0]:.2f} -> {scale * moved[1]:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
@@ -49,7 +51,7 @@ def width_table(states: dict) -> str:
 def curve_table(states: dict, every: int = 20) -> str:
     """The paths-per-block curve of each run as text: one column per run, a row at the first and the last logged step
     and every `every` steps between."""
-    curves = {label: dict(logged([state], WIDTH_KEY)) for label, state in states.items()}
+    curves = {label: dict(with_blocks([state], WIDTH_KEY)) for label, state in states.items()}
     logged_steps = sorted({step for curve in curves.values() for step in curve})
     steps = [s for s in logged_steps if s % every == 0 or s in (logged_steps[0], logged_steps[-1])]
     lines = ["| step | " + " | ".join(curves) + " |", "|" + "---|" * (len(curves) + 1)]
@@ -61,7 +63,7 @@ def curve_table(states: dict, every: int = 20) -> str:
 
 def plot_width(states: dict, path: Path) -> Path:
     """Paths per block over training steps, one line per run."""
-    curves = {label: logged([state], WIDTH_KEY) for label, state in states.items()}
+    curves = {label: with_blocks([state], WIDTH_KEY) for label, state in states.items()}
     return plot_curves(
         curves, path, "paths per block (the model's choice, 2 to 4)", "The width the model chooses, over RL"
     )
