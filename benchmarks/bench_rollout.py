@@ -42,6 +42,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import platform
 import random
 import statistics
@@ -371,10 +372,13 @@ class VLLMRunner(Runner):
 
         def llm(caching: bool):
             share = {"gpu_memory_utilization": 0.3} if self.args.device == "cuda" else {}
+            if self.args.vllm_block_size:
+                share["block_size"] = self.args.vllm_block_size
             return LLM(model=str(folder), dtype=self.args.dtype, enforce_eager=True, max_model_len=max_model_len,
                        enable_prefix_caching=caching, seed=0, logprobs_mode="processed_logprobs", **share)  # fmt: skip
 
         self.cached, self.uncached = llm(True), llm(False)
+        self.block_size = self.cached.llm_engine.vllm_config.cache_config.block_size  # the prefix cache's unit
         self.device = torch.device(self.args.device)
 
     def backend(self, strategy: str, scripted: bool):
@@ -489,6 +493,14 @@ def report(rows: list[dict], simulations: list[dict], args, model, command: str)
         f"{VOCAB:,}-piece vocabulary, {args.dtype}, tag-prone; vLLM loads the same weights (offline `vllm.LLM`, "
         "eager). Temperature 1, fork mode, isolated paths; completion i has seed i. The workloads, strategies and "
         "counts are those of the module's docstring (`benchmarks/bench_rollout.py`).",
+    ]
+    if "vllm" in args.backends:
+        lines[-1] += (
+            f" vLLM's KV block: {args.vllm_block_size} tokens. Its prefix cache reuses whole blocks, so each new "
+            "request (a path, a width decision, a summary, the main text after a block) computes again the part of "
+            "its context past its last whole block."
+        )
+    lines += [
         "",
         "| workload | backend | completions | blocks | longest T | ideal | engine | rounds | official | plain "
         "| engine / ideal | rounds / engine | official / engine s | plain / engine s | engine s | rounds s "
@@ -558,6 +570,8 @@ def main() -> None:
     parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--vllm-block-size", type=int, default=None,
+                        help="vLLM's KV block in tokens (default: vLLM's, 128 on CPU and 16 on CUDA)")  # fmt: skip
     parser.add_argument("--paper-cap", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rollout.md")
     args = parser.parse_args()
@@ -567,6 +581,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)  # before vLLM starts: it then refuses to change them
     if "vllm" in args.backends and torch.device(args.device).type == "cpu":
+        # 256 completions of the traces' shapes hold more tokens than the tests' 1 GiB cache: vLLM
+        # would preempt and recompute requests, which is not what is measured
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
         use_vllm_cpu()
 
     tokenizer = build_tokenizer(vocab_size=VOCAB)
@@ -586,6 +603,7 @@ def main() -> None:
                 tokenizer.save_pretrained(folder)
                 longest = max(workload_config(w, shapes).max_completion_length for w in args.workloads) + 512
                 runners.append(VLLMRunner(Path(folder), longest, *common))
+                args.vllm_block_size = runners[-1].block_size
         for runner in runners:  # warm-up
             measure(runner, args.workloads[0], min(args.batches), shapes, replace_repeats(args))
         for workload in args.workloads:

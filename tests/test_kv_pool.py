@@ -53,6 +53,35 @@ def test_slots_grow_by_doubling_and_keep_what_they_hold(tag_prone):
     assert (pool.keys[0][row.index, :, :3] == 7.0).all()
 
 
+def test_a_batch_of_new_completions_grows_the_pool_once(tag_prone):
+    """Rows one at a time grow the pool by half again and again (each growth a copy of all it holds); the backend
+    makes room for a submitted batch's new completions in one growth, and a later batch uses the freed rows."""
+    _, model, tokenizer, _ = tag_prone
+    from parallel_r1.rollout import Sampling, TransformersBackend
+
+    copied = []
+    pool = KVPool(model, 2, 4, on_copy=copied.append)
+    pool.make_room(30)
+    assert pool.capacity[0] == 30 and len(copied) == 1
+    pool.make_room(30)  # there is room already
+    assert len(copied) == 1
+    backend = TransformersBackend(model, Sampling(temperature=1.0))
+    streams = backend.start([tokenizer.encode(f"What is {i}+{i}?") for i in range(40)], seeds=list(range(40)))
+    decode(backend, [Segment(stream, max_new=2) for stream in streams])
+    pool = streams[0].row.pool
+    assert pool.capacity == (40, 256)  # from its first row to 40, once: that row's slots were the only copy
+    assert backend.copied_bytes == 256 * pool.slot_bytes
+    rows = {stream.row.index for stream in streams}
+    for stream in streams:
+        backend.release(stream)
+    del streams, stream
+    gc.collect()
+    again = backend.start([tokenizer.encode("What is 1+1?")] * 40, seeds=list(range(40)))
+    decode(backend, [Segment(stream, max_new=2) for stream in again])
+    assert {stream.row.index for stream in again} == rows  # the freed rows
+    assert backend.copied_bytes == 256 * pool.slot_bytes  # and no growth
+
+
 def test_forks_and_joins_share_the_completions_row(tag_prone):
     """No key or value is copied by a fork or a join: every stream of a completion reads the same row through
     its own set of visible slots."""

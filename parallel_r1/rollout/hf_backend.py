@@ -208,8 +208,8 @@ class TransformersBackend:
 
     # ------------------------------------------------------------------ placing tokens in rows
 
-    def _new_row(self, tokens: int) -> Row:
-        """A row of the live pool, or of a new one with twice `tokens` slots (the pool doubles as it needs)."""
+    def _pool(self, tokens: int) -> KVPool:
+        """The live pool, or a new one with twice `tokens` slots (the pool doubles as it needs)."""
         pool = self._pool_ref and self._pool_ref()
         if pool is None:
             slots = 256
@@ -217,7 +217,10 @@ class TransformersBackend:
                 slots *= 2
             pool = KVPool(self.model, 1, slots, on_copy=self._copied)
             self._pool_ref = weakref.ref(pool)
-        return pool.new_row()
+        return pool
+
+    def _new_row(self, tokens: int) -> Row:
+        return self._pool(tokens).new_row()
 
     def _share(self, stream: HFStream) -> None:
         """Before other streams are derived from `stream`: with full reuse they see what it sees, its unread
@@ -257,6 +260,10 @@ class TransformersBackend:
     # ------------------------------------------------------------------ decoding
 
     def submit(self, segments: list[Segment]) -> None:
+        new = [s.stream for s in segments if self.kv_reuse != "full" or s.stream.row is None]
+        if new:  # the rows of a batch's new completions (or, re-reading, of every segment) in one growth
+            pool = self._pool(max(len(stream.ids) for stream in new))  # held here until rows refer to it
+            pool.make_room(len(new))
         for segment in segments:
             stream = segment.stream
             if self.kv_reuse == "full":

@@ -11,7 +11,8 @@ with its row, its slot and the slots it may see. `fork_join_attention`, register
 attention implementation "parallel_r1_fork_join", writes the new keys and values into their slots and lets every
 query attend to the slots it sees. The rows are attended as views of the pool: no key or value is gathered.
 
-The pool grows its rows by half and doubles its slots (each a copy of what it holds). A finished completion's row is
+The pool grows its rows by half, or at once by what a batch of new completions needs, and doubles its slots (each a
+copy of what it holds). A finished completion's row is
 free as soon as no stream refers to it, and a new row takes its place. When most rows below the highest one in use
 are free, the live rows move down (`compact`). The pool reports the bytes these moves and growths copy (`on_copy`).
 """
@@ -78,6 +79,12 @@ class KVPool:
         row = Row(self, index)
         self._rows[index] = weakref.ref(row)
         return row
+
+    def make_room(self, rows: int) -> None:
+        """Room for `rows` more rows, in one growth if the free ones are too few (a batch starting at once)."""
+        free = self.capacity[0] - len(self._rows) + sum(ref() is None for ref in self._rows)
+        if rows > free:
+            self._grow(rows=self.capacity[0] + rows - free)
 
     def reserve(self, row: Row, count: int) -> int:
         """`count` new slots at the end of `row` (the pool doubles its slots if needed); the first one's index."""
