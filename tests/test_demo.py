@@ -396,7 +396,9 @@ def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
 @pytest.mark.slow
 def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path):
     """`scripts/demo.py --width --quick`: the varied cold start, SFT with min_paths 2 and max_paths 4, the three RL
-    runs; the table has a row per run with numbers in it, the model records its widths."""
+    runs; the table has a row per run, the model records its widths. A run's width cell holds numbers within the
+    widths when the run opened blocks at a logged step, else "-" (four SFT steps may leave a model that opens none);
+    its accuracy cell always holds numbers."""
     from parallel_r1.testing.demo.width import WIDTH_RUNS
 
     out = tmp_path / "width"
@@ -405,7 +407,14 @@ def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path)
     assert (recorded["min_paths"], recorded["max_paths"]) == (2, 4)
     table = (out / "width" / "table.md").read_text().split("\n\n")[0].splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == list(WIDTH_RUNS)
-    for line in table[2:]:
-        start, end = (float(v) for v in line.split("|")[2].split("->"))
-        assert 2 <= start <= 4 and 2 <= end <= 4
+    for line, (folder, _, _) in zip(table[2:], WIDTH_RUNS.values()):
+        history = json.loads((out / folder / "trainer_state.json").read_text())["log_history"]
+        opened = any(entry.get("parallel/ratio", 0) > 0 for entry in history)
+        width, accuracy = line.split("|")[2].strip(), line.split("|")[4]
+        if opened:
+            start, end = (float(v) for v in width.split("->"))
+            assert 2 <= start <= 4 and 2 <= end <= 4
+        else:
+            assert width == "-"
+        assert all(-1 <= float(v) <= 1 for v in accuracy.split("->"))
     assert (out / "width" / "paths_per_block.png").exists()
