@@ -152,9 +152,9 @@ class ForkJoinEngine:
         owners: dict[Segment, _State] = {}
         held: list[_State] = []  # rounds: completions whose next segments wait for the round to end
         try:
-            for state in states:
-                self._launch(state, owners)
+            self._launch(states, owners)
             while owners:
+                ready = []  # completions whose segments all ended in this step
                 for segment, decoded in self.backend.step():
                     state = owners.pop(segment)
                     state.results[segment] = decoded
@@ -164,13 +164,11 @@ class ForkJoinEngine:
                     if state.phase == "done":
                         self._finish(state)
                         bar.update()
-                    elif self.schedule == "rounds":
-                        held.append(state)
                     else:
-                        self._launch(state, owners)
+                        (held if self.schedule == "rounds" else ready).append(state)
+                self._launch(ready, owners)
                 if not owners:
-                    for state in held:
-                        self._launch(state, owners)
+                    self._launch(held, owners)
                     held = []
         finally:  # after an error too: the backend keeps nothing of this call
             for state in states:
@@ -183,12 +181,16 @@ class ForkJoinEngine:
         self.backend.release(state.stream)
         state.release()
 
-    def _launch(self, state: _State, owners: dict) -> None:
-        """Submit the segments of the state's current phase."""
-        state.waiting, state.results = self._segments(state), {}
-        for segment in state.waiting:
-            owners[segment] = state
-        self.backend.submit(state.waiting)
+    def _launch(self, states: list[_State], owners: dict) -> None:
+        """Submit the segments of each state's current phase, all in one call (the backend makes room at once)."""
+        segments = []
+        for state in states:
+            state.waiting, state.results = self._segments(state), {}
+            for segment in state.waiting:
+                owners[segment] = state
+            segments += state.waiting
+        if segments:
+            self.backend.submit(segments)
 
     # -- what each phase asks the backend
     def _segment(self, stream, phase: str, blocks: int, max_new: int, closer: int | None = None) -> Segment:

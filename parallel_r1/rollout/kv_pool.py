@@ -81,10 +81,11 @@ class KVPool:
         return row
 
     def make_room(self, rows: int) -> None:
-        """Room for `rows` more rows, in one growth if the free ones are too few (a batch starting at once)."""
+        """Room for `rows` more rows, in one growth if the free ones are too few (a batch starting at once), and a
+        growth is by half at least."""
         free = self.capacity[0] - len(self._rows) + sum(ref() is None for ref in self._rows)
         if rows > free:
-            self._grow(rows=self.capacity[0] + rows - free)
+            self._grow(rows=self.capacity[0] + max(rows - free, self.capacity[0] // 2))
 
     def reserve(self, row: Row, count: int) -> int:
         """`count` new slots at the end of `row` (the pool doubles its slots if needed); the first one's index."""
