@@ -61,7 +61,7 @@ demo-width: install
 	$(PY) scripts/demo.py --width --output_dir outputs/demo-width
 
 # Speed comparisons and the fuzz drill: each rewrites its file in benchmarks/results/ (machine, command, target met
-# or not); about 1 h 20 min on 2 shared CPU cores, the fuzz drill (100,000 inputs) an hour of it
+# or not); about 2 h on 2 CPU cores: the fuzz drill (100,000 inputs) an hour of it, the rollout benchmark 37 minutes
 bench: install
 	$(PY) benchmarks/bench_rewards.py
 	$(PY) benchmarks/bench_rollout.py --threads 1
