@@ -12,9 +12,9 @@ attention implementation "parallel_r1_fork_join", writes the new keys and values
 query attend to the slots it sees. The rows are attended as views of the pool: no key or value is gathered.
 
 The pool grows its rows by half, or at once by what a batch of new completions needs, and doubles its slots (each a
-copy of what it holds). A finished completion's row is
-free as soon as no stream refers to it, and a new row takes its place. When most rows below the highest one in use
-are free, the live rows move down (`compact`). The pool reports the bytes these moves and growths copy (`on_copy`).
+copy of what it holds). A finished completion's row is free as soon as no stream refers to it, and a new row takes
+its place. When most rows below the highest one in use are free, the live rows move down (`compact`). The pool
+reports the bytes these moves and growths copy (`on_copy`).
 """
 
 from __future__ import annotations
