@@ -194,21 +194,23 @@ class VLLMBackend:
         decoding = len(self._pending) - len(self._fresh)  # each reads one token a step; a fresh one its prompt
         tokens = scheduler.max_num_batched_tokens - decoding - sum(self._fresh)
         seats = scheduler.max_num_seqs - len(self._pending)
+        cpu = current_platform.is_cpu()
         while self._waiting:
             segment = self._waiting[0]
+            length = len(segment.stream.ids)
+            split = cpu and length > scheduler.max_num_batched_tokens  # it will be split: no seed
+            if cpu and not split and (length > tokens or seats < 1):
+                return  # the head waits for room (its parameters are made once it goes in)
             params = self._request(segment)
-            if current_platform.is_cpu():
-                if len(segment.stream.ids) > scheduler.max_num_batched_tokens:  # it will be split: no seed
-                    _warn_unseeded(scheduler.max_num_batched_tokens)
-                    params["seed"] = None
-                elif len(segment.stream.ids) > tokens or seats < 1:
-                    return
-            tokens, seats = tokens - len(segment.stream.ids), seats - 1  # (upper bounds: cached prefixes cost less)
+            if split:
+                _warn_unseeded(scheduler.max_num_batched_tokens)
+                params["seed"] = None
+            tokens, seats = tokens - length, seats - 1  # (upper bounds: cached prefixes cost less)
             request = f"parallel-r1-{next(self._requests)}"
             params = SamplingParams(detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **params)
             self.llm.llm_engine.add_request(request, {"prompt_token_ids": list(segment.stream.ids)}, params)
             self._pending[request] = segment
-            self._fresh.append(len(segment.stream.ids))
+            self._fresh.append(length)
             self._waiting.pop(0)
 
     def step(self) -> list[tuple[Segment, Decoded]]:
