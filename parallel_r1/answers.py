@@ -5,6 +5,9 @@ Extraction (`extract_answer`), on the completion with its tags removed:
 - Two markers count: the last `Final Answer:` (any case, markdown bold allowed; the rest of its line, or the
   next non-blank line when the rest is blank) and the last complete `\\boxed{...}` (braces balanced; a box
   left open by a cut output is ignored).
+- What a `Final Answer:` marker gives loses Minerva's wording around the answer: a leading `The final answer is`,
+  and the closing sentences that name no value (`I hope it is correct.`). So `Final Answer: The final answer is
+  $9$. I hope it is correct.` gives `$9$`; a closing sentence with a value stays, and a hedge stays a hedge.
 - The marker that starts later in the text wins. So a `\\boxed{}` inside or below the `Final Answer:` line
   gives its content, and a `Final Answer:` written after a box overrides the box.
 - All boxes on the winning box's line form one answer, joined by ", " (`\\boxed{2}` and `\\boxed{-3}` ->
@@ -62,6 +65,9 @@ STARTUP_TIMEOUT_S = 120.0  # the child imports sympy once
 # `Final Answer:` as a model may write it: any case, markdown bold around the words or the colon
 FINAL_MARKER = re.compile(r"(?:\*\*)?final answer(?:\*\*)?\s*:(?:\*\*)?", re.IGNORECASE)
 _MARKER_FIRST = re.compile(r"[ \t]*" + FINAL_MARKER.pattern, re.IGNORECASE)  # the marker first on its line
+_MINERVA_LEAD = re.compile(r"[ \t]*(?:the )?final answer is\b[ \t]*:?", re.IGNORECASE)  # Minerva's doubled marker
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # where a closing sentence may start
+_VALUE = re.compile(r"\d|\\[a-zA-Z]")  # a digit or a LaTeX command: what a value holds
 _BLANK = "".join(sorted(BLANK))
 _BOX = re.compile(r"\\boxed\s*\{")
 _BRACE = re.compile(r"[{}]")
@@ -97,14 +103,28 @@ def _last_boxes(text: str) -> tuple[int, str] | None:
 
 
 def _last_final_answer(text: str) -> tuple[int, str] | None:
-    """(start, answer) of the last `Final Answer:` marker."""
+    """(start, answer) of the last `Final Answer:` marker, without Minerva's wording (`_without_remarks`)."""
     matches = list(FINAL_MARKER.finditer(text))
     if not matches:
         return None
     match = matches[-1]
     lines = text[match.end() :].split("\n")
     content = next((line for line in lines if line.strip()), "")
-    return match.start(), content
+    return match.start(), _without_remarks(content)
+
+
+def _without_remarks(content: str) -> str:
+    """The content of a `Final Answer:` line without a leading `The final answer is` and without the closing
+    sentences (after `.`, `!` or `?` and a capital) that hold no value (`_VALUE`)."""
+    lead = _MINERVA_LEAD.match(content)
+    if lead:
+        content = content[lead.end() :]
+    end = len(content)
+    for cut in reversed([m.start() for m in _SENTENCE_BREAK.finditer(content)]):
+        if _VALUE.search(content, cut, end):
+            break
+        end = cut
+    return content[:end]
 
 
 def final_answer_line(text: str) -> tuple[int, int, str] | None:
@@ -180,7 +200,6 @@ _WORD = re.compile(  # two or more letters, or an abbreviation (i.e.), with a un
 )
 _PUNCTUATION = re.compile(r"^[\s,;:!?=/|&~]+|[\s,;:!?=/|&~.]+$")  # a leading dot is a decimal point (.5)
 _OPENERS, _CLOSERS = ("(", "[", "{"), (")", "]", "}")
-_VALUE = re.compile(r"\d|\\[a-zA-Z]")
 _BASE = re.compile(r"(?<![\w\\])\d[0-9A-Z]*_\{?\s*(\d+)\s*\}?")
 _DECIMAL = re.compile(r"-?(?:\d+\.?\d*|\.\d+)")
 

@@ -64,6 +64,12 @@ def math500_answer(answer: str) -> str:
         ("Final Answer:   ", None),
         ("", None),
         ("Final Answer: " + "9" * (MAX_ANSWER_CHARS + 1), None),  # too long to be an answer
+        # Minerva's wording around the answer goes: its lead-in and the closing sentences that name no value
+        ("Final Answer: The final answer is $9$. I hope it is correct.", "$9$"),
+        ("Final Answer: the final answer is: 2.5. Hope this helps!", "2.5"),
+        ("Final Answer: Evelyn. She ran the farthest.", "Evelyn"),
+        ("Final Answer: The final answer is $9$. Or maybe 10.", "$9$. Or maybe 10"),  # a value stays: a hedge
+        ("Final Answer: 3. 5", "3. 5"),  # no capital after the stop: no closing sentence
     ],
 )
 def test_extract_answer(completion, expected):
@@ -328,7 +334,17 @@ def test_spellings_and_hedges(answer, reference, expected):
     assert is_correct(f"Final Answer: {answer}", reference) is expected
 
 
-SPELLINGS = ("{}", "${}$", "\\({}\\)", "\\[{}\\]", "**{}**", "{}.", "\\boxed{{{}}}", "**${}$**")
+SPELLINGS = (
+    "{}",
+    "${}$",
+    "\\({}\\)",
+    "\\[{}\\]",
+    "**{}**",
+    "{}.",
+    "\\boxed{{{}}}",
+    "**${}$**",
+    "The final answer is ${}$. I hope it is correct.",
+)  # fmt: skip (the last: Minerva's, as real models end)
 
 
 @pytest.mark.parametrize("name", ["math500.jsonl", "gsm8k_test.jsonl", "aime24.jsonl", "aime25.jsonl", "amc23.jsonl"])
@@ -388,9 +404,13 @@ def _value(reference: str) -> Fraction | None:
     dress=st.tuples(st.sampled_from(DRESS), st.sampled_from(DRESS)),
     hedge=st.one_of(st.sampled_from(HEDGES), WORDS.map(lambda words: "{} " + " ".join(words) + " {}")),
     wrong_first=st.booleans(),
+    minerva=st.booleans(),
 )
-def test_an_answer_naming_two_different_values_is_never_correct(reference, wrong, commas, dress, hedge, wrong_first):
-    """For any reference and any different value, a line holding both, in either order, is wrong."""
+def test_an_answer_naming_two_different_values_is_never_correct(
+    reference, wrong, commas, dress, hedge, wrong_first, minerva
+):
+    """For any reference and any different value, a line holding both, in either order, is wrong, in Minerva's
+    wording too."""
     value = reference if isinstance(reference, Fraction) else _value(reference)
     if isinstance(reference, Fraction):
         reference = _latex(reference, commas)
@@ -403,6 +423,8 @@ def test_an_answer_naming_two_different_values_is_never_correct(reference, wrong
     values = (_latex(wrong, commas), reference)
     first, second = values if wrong_first else values[::-1]
     line = hedge.format(dress[0].format(first), dress[1].format(second))
+    if minerva:
+        line = f"The final answer is {line}. I hope it is correct."
     assert not is_correct(f"Final Answer: {line}", reference), line
 
 
