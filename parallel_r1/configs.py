@@ -23,6 +23,7 @@ from .docstrings import document_parameters
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import ParallelArguments, RolloutArguments
 from .rollout.arguments import RENAMED_KEYS, renamed_setting
+from .tags.tokens import TagRowArguments
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +62,42 @@ def refuse_renamed_settings(args: list[str], recipe: str | None, renamed_keys: d
         raise ValueError(problem)
 
 
+# --------------------------------------------------------------------------- both stages
+
+
+@document_parameters
+@dataclass(kw_only=True)
+class TagRateArguments:
+    """The tag rows' own learning rate (`trainers.tag_rate`), in SFT and GRPO."""
+
+    tag_lr_multiplier: float = field(
+        default=1.0,
+        metadata={
+            "help": "The tag rows of the embedding (and of an untied head, or LoRA's trainable tag tokens) learn at "
+            "this multiple of learning_rate, on every step of its schedule; logged as tag_learning_rate. 1: the "
+            "run's rate."
+        },
+    )
+
+    def __post_init__(self):
+        if not self.tag_lr_multiplier > 0:
+            raise ValueError(f"tag_lr_multiplier must be positive, got {self.tag_lr_multiplier}")
+
+
 # --------------------------------------------------------------------------- stage 1: SFT
 
 
 @document_parameters
 @dataclass
-class ParallelSFTConfig(SFTConfig, ParallelArguments):
-    """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`). Options that
-    cannot carry path isolation fail here."""
+class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateArguments):
+    """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`), how the rows of
+    tags the trainer adds start (`tags.tokens.TagRowArguments`) and the tag rows' learning rate
+    (`TagRateArguments`). Options that cannot carry path isolation fail here."""
 
     def __post_init__(self):
         super().__post_init__()
-        ParallelArguments.__post_init__(self)  # TrainingArguments' __post_init__ does not chain to it
+        ParallelArguments.__post_init__(self)  # TrainingArguments' __post_init__ does not chain to these
+        TagRateArguments.__post_init__(self)
         if self.attention == "causal":
             return
         refused = {
@@ -107,10 +132,11 @@ def sft_parser() -> RecipeParser:
 
 @document_parameters
 @dataclass
-class ParallelGRPOConfig(RolloutArguments, GRPOConfig):
+class ParallelGRPOConfig(RolloutArguments, GRPOConfig, TagRateArguments):
     """GRPOConfig plus the rollout settings (`rollout.RolloutArguments`, first in the bases so that their
     `max_completion_length`, the paper's 3000 by default, takes the place of TRL's field of that name: it caps whole
-    completions). `rollout_mode: plain` is TRL's own generation (no engine, no tag grammar)."""
+    completions) and the tag rows' learning rate (`TagRateArguments`). `rollout_mode: plain` is TRL's own
+    generation (no engine, no tag grammar)."""
 
     parallel_eval_steps: int = field(
         default=0,
@@ -145,7 +171,8 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig):
 
     def __post_init__(self):
         GRPOConfig.__post_init__(self)
-        RolloutArguments.__post_init__(self)  # neither __post_init__ chains to the other
+        RolloutArguments.__post_init__(self)  # no __post_init__ chains to the others
+        TagRateArguments.__post_init__(self)
         if self.rollout_mode != "plain":
             self._refuse_unreproducible_sampling()
         if self.rollout_mode == "plain" and self.attention != "causal":

@@ -6,8 +6,9 @@
     python scripts/add_special_tokens.py --model_name_or_path meta-llama/Llama-3.2-3B \
         --output_dir outputs/Llama-3.2-3B-Special --chat_template plain
 
-A base whose embedding has no spare rows (Llama, Mistral) is resized, the new rows set to the mean of the rows in
-use. A base without a chat template gets one with `--chat_template plain` (or a .jinja file), which every stage then
+A base whose embedding has no spare rows (Llama, Mistral, SmolLM2) is resized. Each tag's row starts as the mean of
+the rows of the pieces its text was split into (`--tag_init spelling`, parallel_r1/tags/tokens.py), and the model's
+config records that rule. A base without a chat template gets one with `--chat_template plain` (or a .jinja file), which every stage then
 uses to write the prompt; one without a padding token gets one it reserves (Llama 3's `<|finetune_right_pad_id|>`) or else its end-of-sequence
 token.
 
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from parallel_r1.cli import OneLineErrors, run
 from parallel_r1.data import PLAIN_CHAT_TEMPLATE
-from parallel_r1.tags.tokens import add_parallel_tokens, tag_ids
+from parallel_r1.tags.tokens import TagRowArguments, add_parallel_tokens, tag_ids
 
 logger = logging.getLogger(__name__)
 RESERVED_PADS = ("<|finetune_right_pad_id|>", "<pad>")  # padding tokens some bases reserve without naming them
@@ -34,7 +35,7 @@ class ArgumentParser(OneLineErrors, HfArgumentParser):
 
 
 @dataclass
-class Arguments:
+class Arguments(TagRowArguments):
     model_name_or_path: str = field(metadata={"help": "Hub id or local directory of the base model."})
     output_dir: str = field(metadata={"help": "Where to write the model with the tags."})
     dtype: str = field(
@@ -67,7 +68,7 @@ def main(args: Arguments) -> None:
         logger.info("No padding token: %s pads", tokenizer.pad_token)
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=args.dtype)
     rows_before = model.get_input_embeddings().weight.shape[0]
-    added = add_parallel_tokens(tokenizer, model)
+    added = add_parallel_tokens(tokenizer, model, args.tag_init)
     rows_after = model.get_input_embeddings().weight.shape[0]
     logger.info(
         "Added %s; tag ids %s; embedding rows %d -> %d",

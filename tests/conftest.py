@@ -95,6 +95,18 @@ def tiny_model(tiny_dir):
 
 
 @pytest.fixture(scope="session")
+def bare_tiny_dir(tmp_path_factory):
+    """A tiny model whose tokenizer lacks the tags (16 spare embedding rows, a tied head)."""
+    from parallel_r1.testing.tiny import build_model, build_tokenizer
+
+    directory = tmp_path_factory.mktemp("bare")
+    tokenizer = build_tokenizer(with_tags=False)
+    build_model(tokenizer).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def tag_prone_dir(tmp_path_factory):
     """A tiny model that opens blocks and closes paths on its own (`tiny.make_tag_prone`), saved for vLLM too."""
     return save_tiny(tmp_path_factory.mktemp("tag_prone") / "model", tag_prone=True)

@@ -61,6 +61,7 @@ def test_sft_saves_a_card_of_the_run_without_any_checkpoint(monkeypatch, tiny_di
     assert overview["Attention"].startswith("isolated`: Unseen")
     ids = tag_ids(AutoTokenizer.from_pretrained(out))
     assert rows(text, "Tags") == {tag: str(i) for tag, i in ids.items()}
+    assert "How their embedding rows started is not recorded." in text  # the tiny model's tags came with it
     recorded = json.loads((out / "config.json").read_text())["parallel_r1"]
     assert recorded["attention"] == "isolated" and rows(text, "Rollout settings") == {
         k: str(v) for k, v in recorded.items()
@@ -71,6 +72,7 @@ def test_sft_saves_a_card_of_the_run_without_any_checkpoint(monkeypatch, tiny_di
         and training["learning_rate"] == "0.001"
         and training["lr_scheduler_type"] == "cosine"
         and training["max_length"] == "1024"
+        and training["tag_lr_multiplier"] == "1.0"
     )
     assert "## Rewards" not in text
     last = json.loads((out / "trainer_state.json").read_text())["log_history"][-2]  # before the end-of-run summary

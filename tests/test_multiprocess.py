@@ -3,7 +3,9 @@
 The rules checked, each through the scripts under `accelerate launch`:
 - SFT on 2 processes with per-device batch b ends where 1 process with batch 2b ends: the same logged losses and
   gradient norms, the same weights, to float tolerance; under DDP and under ZeRO-3
-  (`accelerate_configs/zero3_cpu.yaml`).
+  (`accelerate_configs/zero3_cpu.yaml`). The base lacks the tags, so each run adds them (under ZeRO-3 into the
+  partitioned embedding's spare rows) and trains their rows at 10 times the rate (`tag_lr_multiplier`, under
+  ZeRO-3 through DeepSpeed's float32 copy): the rows start and move as on one process.
 - GRPO with fork-join rollouts, isolated and tree, under DDP and ZeRO-3: every step logs a finite loss and reward
   and the shape of the completions, the two processes sample different completions of a group, the weights move,
   the whole model is saved with its tags.
@@ -19,6 +21,7 @@ DeepSpeed's CPU communication op (~2 min, cached in ~/.cache/torch_extensions, s
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from contextlib import ExitStack
@@ -31,6 +34,7 @@ from launches import GLOBAL_BATCH_4, Launches, complete, step_logs, weights_diff
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from parallel_r1.tags.language import TAGS
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny_grpo import tiny_grpo_config
 from parallel_r1.trainers.grpo import (
@@ -48,8 +52,9 @@ SETUPS = {
 }
 
 SFT_STEPS, SFT_BATCH = 4, 2  # 8 traces: an epoch is 2 steps of 2 x 2 (or 1 x 4), so the runs cross one
+TAG_RATE = 10
 SFT = ["scripts/sft.py", "--config", "recipes/tiny/sft.yaml", "--max_length", "1200", "--max_train_samples", "8"]
-SFT += ["--max_steps", str(SFT_STEPS), "--logging_steps", "1", "--seed", "0"]
+SFT += ["--max_steps", str(SFT_STEPS), "--logging_steps", "1", "--seed", "0", "--tag_lr_multiplier", str(TAG_RATE)]
 
 GRPO_STEPS, DRILL_STEPS, KILL_AFTER = 3, 4, 2
 # 2 completions a process, 4 a group: each step is one prompt whose group is split over the two processes
@@ -78,11 +83,11 @@ def drill_ready(out: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
+def runs(bare_tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
     """Every launch of the module, three at a time; each run's output folder, log and exit code by name."""
     base = tmp_path_factory.mktemp("multiprocess")
     sft = lambda setup, batch: command(  # noqa: E731
-        setup, free_port(), SFT, "--model_name_or_path", str(tiny_dir), "--output_dir", str(base / f"sft-{setup}"),
+        setup, free_port(), SFT, "--model_name_or_path", str(bare_tiny_dir), "--output_dir", str(base / f"sft-{setup}"),
         "--per_device_train_batch_size", str(batch),
     )  # fmt: skip
     grpo = lambda setup, name, steps, *flags: command(  # noqa: E731
@@ -139,7 +144,7 @@ def finite(*values) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("setup", ["ddp", "zero3"])
-def test_sft_on_two_processes_with_batch_b_matches_one_process_with_batch_2b(runs, tiny_dir, setup):
+def test_sft_on_two_processes_with_batch_b_matches_one_process_with_batch_2b(runs, bare_tiny_dir, setup):
     one, two = succeeded(runs["sft-one"]), succeeded(runs[f"sft-{setup}"])
     assert GLOBAL_BATCH_4 in runs[f"sft-{setup}"]["log"] and GLOBAL_BATCH_4 in runs["sft-one"]["log"]
     logs = [step_logs(out) for out in (one, two)]
@@ -148,6 +153,7 @@ def test_sft_on_two_processes_with_batch_b_matches_one_process_with_batch_2b(run
         assert finite(alone["loss"], alone["grad_norm"])
         assert shared["num_tokens"] == alone["num_tokens"]  # the same traces in each step
         assert shared["learning_rate"] == alone["learning_rate"]
+        assert shared["tag_learning_rate"] == alone["tag_learning_rate"] == TAG_RATE * alone["learning_rate"]
         for key in ("loss", "mean_token_accuracy", "entropy"):
             assert shared[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-6), (alone["step"], key)
         # sums of squares over sharded (ZeRO-3) or reduced gradients: seen 2e-6 apart
@@ -157,8 +163,17 @@ def test_sft_on_two_processes_with_batch_b_matches_one_process_with_batch_2b(run
     for name, tensor in weights[0].items():
         assert weights[1][name].shape == tensor.shape, name
         torch.testing.assert_close(weights[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-    start = load_file(Path(tiny_dir) / "model.safetensors")
+    start = load_file(Path(bare_tiny_dir) / "model.safetensors")
     assert any(not torch.equal(weights[0][k], start[k]) for k in start)  # the runs trained
+    # the tags were added by the run (under ZeRO-3: into the partitioned embedding), each row from its spelling's,
+    # and those rows moved about TAG_RATE times as far as the others (AdamW: about the rate a step; a tied head)
+    assert json.loads((two / "config.json").read_text())["parallel_r1_tag_init"] == "spelling"
+    bare, embedding = AutoTokenizer.from_pretrained(bare_tiny_dir), "model.embed_tokens.weight"
+    ids = [tag_vocab(AutoTokenizer.from_pretrained(two)).ids[tag] for tag in TAGS]
+    tag_start = torch.stack([start[embedding][bare.encode(tag, add_special_tokens=False)].mean(0) for tag in TAGS])
+    tag_moved = (weights[1][embedding][ids] - tag_start).abs().median()
+    row_moved = (weights[1][embedding][: len(bare)] - start[embedding][: len(bare)]).abs().median()
+    assert TAG_RATE / 2 < tag_moved / row_moved < TAG_RATE * 2
 
 
 # --------------------------------------------------------------------------- GRPO

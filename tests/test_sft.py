@@ -161,23 +161,18 @@ def test_causal_is_stock_sft(tiny_dir, tmp_path, traces):
 # --------------------------------------------------------------------------- tags and LoRA
 
 
-@pytest.fixture(scope="module")
-def bare_dir(tmp_path_factory):
-    """A tiny model whose tokenizer lacks the tags (16 spare embedding rows)."""
-    directory = tmp_path_factory.mktemp("bare")
-    tokenizer = build_tokenizer(with_tags=False)
-    build_model(tokenizer).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-def test_missing_tags_are_added_before_tokenization(bare_dir, tmp_path, traces):
-    before = AutoModelForCausalLM.from_pretrained(bare_dir).get_input_embeddings().weight.detach().clone()
-    used_rows = len(AutoTokenizer.from_pretrained(bare_dir))
-    trainer = trainer_for(bare_dir, tmp_path, traces.select(range(1)), "isolated")
-    ids = list(tag_ids(trainer.processing_class).values())
+@pytest.mark.parametrize("init", ["spelling", "mean"])
+def test_missing_tags_are_added_before_tokenization(bare_tiny_dir, tmp_path, traces, init):
+    before = AutoModelForCausalLM.from_pretrained(bare_tiny_dir).get_input_embeddings().weight.detach().clone()
+    bare = AutoTokenizer.from_pretrained(bare_tiny_dir)
+    trainer = trainer_for(bare_tiny_dir, tmp_path, traces.select(range(1)), "isolated", tag_init=init)
+    ids = [tag_ids(trainer.processing_class)[tag] for tag in TAGS]
     weight = trainer.model.get_input_embeddings().weight.detach()
-    torch.testing.assert_close(weight[ids], before[:used_rows].mean(0).expand(len(ids), -1))
+    if init == "spelling":
+        expected = torch.stack([before[bare.encode(tag, add_special_tokens=False)].mean(0) for tag in TAGS])
+    else:
+        expected = before[: len(bare)].mean(0).expand(len(ids), -1)
+    torch.testing.assert_close(weight[ids], expected)
     assert set(ids) <= set(trainer.train_dataset[0]["input_ids"])  # the data was tokenized with the tags
 
 
@@ -274,6 +269,7 @@ ZERO3_PROGRAM = textwrap.dedent(
     import deepspeed, torch, torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations import HfDeepSpeedConfig
+    from parallel_r1.tags.language import TAGS
     from parallel_r1.tags.tokens import tag_ids
     from parallel_r1.trainers.sft import ensure_parallel_tokens
 
@@ -283,30 +279,30 @@ ZERO3_PROGRAM = textwrap.dedent(
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
     weight = model.get_input_embeddings().weight
     partitioned = weight.numel() == 0
-    rows_used = len(tokenizer)
+    pieces = [tokenizer.encode(tag, add_special_tokens=False) for tag in TAGS]
     added = ensure_parallel_tokens(tokenizer, model)
-    ids = list(tag_ids(tokenizer).values())
+    ids = [tag_ids(tokenizer)[tag] for tag in TAGS]
     with deepspeed.zero.GatheredParameters([weight]):
-        error = (weight[ids] - weight[:rows_used].mean(0)).abs().max().item()
+        error = max((weight[i] - weight[p].mean(0)).abs().max().item() for i, p in zip(ids, pieces))
     print(json.dumps({"partitioned": partitioned, "added": added, "error": error}))
     """
 )
 
 
 @pytest.mark.slow
-def test_zero3_adds_tags_to_a_partitioned_model(bare_dir):
+def test_zero3_adds_tags_to_a_partitioned_model(bare_tiny_dir):
     """Real DeepSpeed ZeRO-3 partitioning on CPU (one gloo process); the first run builds a DeepSpeed op (~1.5 min)."""
     pytest.importorskip("deepspeed")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1"}
     env.update(LOCAL_RANK="0", OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-c", ZERO3_PROGRAM, str(bare_dir)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", ZERO3_PROGRAM, str(bare_tiny_dir)], env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["partitioned"]  # the rows really were sharded when the tags were added
     assert report["added"] == list(TAGS)
-    assert report["error"] < 1e-6  # every tag row is the mean of the rows in use
+    assert report["error"] < 1e-6  # every tag row is the mean of its spelling's rows
 
 
 # --------------------------------------------------------------------------- the script

@@ -8,34 +8,56 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.tags.language import TAGS, canonical_block
-from parallel_r1.tags.tokens import add_parallel_tokens, has_parallel_tokens, tag_ids
+from parallel_r1.tags.tokens import INIT_KEY, add_parallel_tokens, has_parallel_tokens, tag_ids
 from parallel_r1.testing.tiny import build_model, build_tokenizer
 
 TEXT = "Start." + canonical_block(["a path", "another path"], "both") + "\nFinal Answer: 3"
 
 
-@pytest.fixture(scope="module")
-def bare_tokenizer():
-    return build_tokenizer(with_tags=False)
+def spelling_rows(tokenizer, weight) -> torch.Tensor:
+    """Each tag's spelling mean: the mean of the rows of the pieces `tokenizer` (without the tags) splits it into."""
+    return torch.stack([weight[tokenizer.encode(tag, add_special_tokens=False)].mean(0) for tag in TAGS])
 
 
+@pytest.mark.parametrize("spare_rows", [16, 0])  # the tags fit into spare rows, or need a resize
 @pytest.mark.parametrize("tied", [True, False])
-def test_tags_fill_spare_rows_with_the_mean_of_used_rows(bare_tokenizer, tied):
+def test_each_tag_row_starts_at_its_spellings_mean(tied, spare_rows):
     tokenizer = build_tokenizer(with_tags=False)
-    model = build_model(tokenizer, spare_rows=16, tie_word_embeddings=tied)
-    used = len(tokenizer)
+    model = build_model(tokenizer, spare_rows=spare_rows, tie_word_embeddings=tied)
     rows = model.get_input_embeddings().weight.shape[0]
-    mean_in = model.get_input_embeddings().weight[:used].mean(0)
-    mean_out = model.get_output_embeddings().weight[:used].mean(0)
+    old_in = model.get_input_embeddings().weight.detach().clone()
+    old_out = model.get_output_embeddings().weight.detach().clone()
+    expected_in, expected_out = spelling_rows(tokenizer, old_in), spelling_rows(tokenizer, old_out)
     assert not has_parallel_tokens(tokenizer)
     assert add_parallel_tokens(tokenizer, model) == list(TAGS)
+    ids = [tag_ids(tokenizer)[tag] for tag in TAGS]
+    weight_in, weight_out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    assert weight_in.shape[0] == max(rows, len(tokenizer))  # no resize when the spare rows were enough
+    torch.testing.assert_close(weight_in[ids], expected_in)
+    torch.testing.assert_close(weight_out[ids], expected_out)  # an untied head: its own rows' means
+    assert torch.pdist(weight_in[ids]).min() > 0  # six distinct rows
+    torch.testing.assert_close(weight_in[: len(old_in) - spare_rows], old_in[: len(old_in) - spare_rows])
+    assert (weight_out.data_ptr() == weight_in.data_ptr()) == tied
+    assert getattr(model.config, INIT_KEY) == "spelling"
+
+
+@pytest.mark.parametrize("spare_rows", [16, 0])
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_mean_rule_gives_every_tag_the_mean_of_the_rows_in_use(tied, spare_rows):
+    tokenizer = build_tokenizer(with_tags=False)
+    model = build_model(tokenizer, spare_rows=spare_rows, tie_word_embeddings=tied)
+    used = len(tokenizer)
+    means = [layer().weight[:used].mean(0) for layer in (model.get_input_embeddings, model.get_output_embeddings)]
+    add_parallel_tokens(tokenizer, model, init="mean")
     ids = list(tag_ids(tokenizer).values())
-    assert model.get_input_embeddings().weight.shape[0] == rows  # no resize: the spare rows were enough
-    for i in ids:
-        torch.testing.assert_close(model.get_input_embeddings().weight[i], mean_in)
-        torch.testing.assert_close(model.get_output_embeddings().weight[i], mean_out)
-    tied_now = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
-    assert tied_now == tied
+    for layer, mean in zip((model.get_input_embeddings, model.get_output_embeddings), means):
+        torch.testing.assert_close(layer().weight[ids], mean.expand(len(ids), -1))
+    assert getattr(model.config, INIT_KEY) == "mean"
+
+
+def test_an_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="tag_init must be one of"):
+        add_parallel_tokens(build_tokenizer(with_tags=False), init="zeros")
 
 
 @pytest.mark.parametrize("tied", [True, False])

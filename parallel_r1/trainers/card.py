@@ -18,6 +18,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..model_settings import CONFIG_KEY
+from ..tags.tokens import INIT_KEY, TAG_INIT_RULES
 from ..versions import versions
 
 CARD_TAGS = ["parallel-r1", "parallel-thinking"]
@@ -28,15 +29,15 @@ ATTENTION_NOTES = {
     "tree": "the paths isolated as in Unseen, what follows them reads them one after the other (what vLLM samples "
     "in fork mode)",
 }
-TRAINING_ARGS = ("learning_rate", "lr_scheduler_type", "per_device_train_batch_size", "gradient_accumulation_steps",
-                 "loss_type", "seed")  # fmt: skip
+TRAINING_ARGS = ("learning_rate", "tag_lr_multiplier", "lr_scheduler_type", "per_device_train_batch_size",
+                 "gradient_accumulation_steps", "loss_type", "seed")  # fmt: skip
 STAGE_ARGS = {
     "SFT": ("max_length",),
     "GRPO": ("num_generations", "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high"),
 }
 CARD_METRICS = ("loss", "reward", "reward_std", "parallel/ratio", "parallel/format_valid",
                 "parallel/blocks_per_completion", "parallel/critical_over_total", "completions/mean_length",
-                "mean_token_accuracy", "entropy", "grad_norm", "learning_rate")  # fmt: skip
+                "mean_token_accuracy", "entropy", "grad_norm", "learning_rate", "tag_learning_rate")  # fmt: skip
 PAPER_EVAL = "recipes/Qwen3-4B-Base/eval/paper.yaml"
 EXAMPLE = "What is 17 * 23?"
 
@@ -143,7 +144,7 @@ def model_card(trainer, model_name: str | None = None, dataset_name: str | None 
         model_name=model_name,
         stage=stage,
         overview=_table(("", ""), overview),
-        tag_table=_tags_table(getattr(trainer, "tag_vocab", None)),
+        tag_table=_tags_table(getattr(trainer, "tag_vocab", None), getattr(config, INIT_KEY, None)),
         rollout=_rollout_table(getattr(config, CONFIG_KEY, None)),
         rewards=_rewards_table(trainer) if stage == "GRPO" else None,
         training=_training_table(trainer, stage),
@@ -196,11 +197,17 @@ def _table(header: tuple, rows: list) -> str:
     return "\n".join(lines)
 
 
-def _tags_table(vocab) -> str:
+def _tags_table(vocab, init: str | None) -> str:
+    """The tags' ids, and the rule their embedding rows started from (`tokens.INIT_KEY` in the model's config)."""
     if vocab is None:
         return "The tokenizer has no parallel-thinking tags: this model decodes plain text (a sequential baseline)."
     rows = [(f"`{tag}`", token_id) for tag, token_id in vocab.ids.items()]
-    return "Each tag is one token of the tokenizer.\n\n" + _table(("Tag", "Token id"), rows)
+    start = (
+        f"Their embedding rows started from the rule `{init}`: {TAG_INIT_RULES[init]}."
+        if init in TAG_INIT_RULES
+        else "How their embedding rows started is not recorded."
+    )
+    return f"Each tag is one token of the tokenizer. {start}\n\n" + _table(("Tag", "Token id"), rows)
 
 
 def _rollout_table(settings: dict | None) -> str:

@@ -11,6 +11,8 @@ checkpointing, logging, Hub push) is stock TRL:
   (`grammar.GrammarForward`), and with `attention="isolated"` or `"tree"` runs the model on that
   structure; both are recomputed from the token ids.
 
+`tag_lr_multiplier` gives the tag rows their own learning rate (`tag_rate.TagRateMixin`, shared with SFT).
+
 After each generation it logs the shape of the completions (parallel ratio, blocks, paths per block with their
 min and max, the share of blocks whose paths open alike and the paths' self-BLEU, format validity, relative block
 position, D and T) and, where TRL does not already (it does with vLLM and
@@ -42,6 +44,7 @@ from ..tags.grammar import GrammarForward
 from ..tags.language import parse, stats
 from ..tags.tokens import has_parallel_tokens, tag_ids, tag_vocab
 from .card import ModelCardMixin
+from .tag_rate import TagRateMixin
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ def check_zero3_generation(args: ParallelGRPOConfig) -> None:
         )
 
 
-class ParallelGRPOTrainer(ModelCardMixin, GRPOTrainer):
+class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs, args: ParallelGRPOConfig, processing_class=None, **kwargs):
         if not isinstance(args, ParallelGRPOConfig):
             raise TypeError(f"args must be a ParallelGRPOConfig, got {type(args).__name__}")

@@ -12,7 +12,8 @@ Rules shared by both variants:
 - The six tags are single tokens of the tokenizer before TRL tokenizes anything: missing ones are
   added (`tokens.add_parallel_tokens`, also under ZeRO-3, see `ensure_parallel_tokens`).
 - With a PEFT config the tag rows of the embedding (and of an untied LM head) train as well, through
-  peft's `trainable_token_indices`: their starting values are a mean, not learned values.
+  peft's `trainable_token_indices`: their starting values were made, not learned.
+- `tag_lr_multiplier` gives the tag rows their own learning rate (`tag_rate.TagRateMixin`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..configs import ParallelSFTConfig
 from ..structure import IsolatedForward, TreeForward, check_attention_implementation
 from ..tags.tokens import add_parallel_tokens, missing_tags, tag_vocab
 from .card import ModelCardMixin
+from .tag_rate import TagRateMixin
 
 IGNORE = -100  # TRL's label for tokens out of the loss
 
@@ -43,8 +45,9 @@ def completion_starts(labels: torch.Tensor) -> torch.Tensor:
     return torch.where(in_loss.any(-1), in_loss.int().argmax(-1), labels.shape[-1])
 
 
-def ensure_parallel_tokens(tokenizer, model) -> list[str]:
-    """Add the missing tags to `tokenizer` and rows for them to `model`; returns the tags added.
+def ensure_parallel_tokens(tokenizer, model, init: str = "spelling") -> list[str]:
+    """Add the missing tags to `tokenizer` and rows for them to `model`, started by the rule `init` names
+    (`tokens.TagRowArguments`); returns the tags added.
 
     Under DeepSpeed ZeRO-3 the model is already partitioned when it is loaded, so the embedding
     matrices are gathered for the edit and rank 0's values are scattered back, as transformers' own
@@ -53,7 +56,7 @@ def ensure_parallel_tokens(tokenizer, model) -> list[str]:
     """
     missing = missing_tags(tokenizer)
     if not missing or not is_deepspeed_zero3_enabled():
-        return add_parallel_tokens(tokenizer, model)
+        return add_parallel_tokens(tokenizer, model, init)
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) + len(missing) > rows:
         raise ValueError(
@@ -68,7 +71,7 @@ def ensure_parallel_tokens(tokenizer, model) -> list[str]:
         id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
     }
     with deepspeed.zero.GatheredParameters(list(weights.values()), modifier_rank=0):
-        return add_parallel_tokens(tokenizer, model)
+        return add_parallel_tokens(tokenizer, model, init)
 
 
 def with_trainable_tag_rows(peft_config, model: PreTrainedModel, tag_ids: list[int]):
@@ -106,7 +109,7 @@ def _expose_head_bias(head) -> None:
         object.__setattr__(head, "bias", head.original_module.bias)
 
 
-class ParallelSFTTrainer(ModelCardMixin, SFTTrainer):
+class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
     """`SFTTrainer` for parallel-thinking traces: Seen (`attention="causal"`) or Unseen (`"isolated"`).
 
     `model` and `processing_class` are instances, so the tags can be added to both before TRL
@@ -132,7 +135,7 @@ class ParallelSFTTrainer(ModelCardMixin, SFTTrainer):
             )
         if args.attention != "causal":
             check_attention_implementation(model)
-        ensure_parallel_tokens(processing_class, model)
+        ensure_parallel_tokens(processing_class, model, args.tag_init)
         vocab = tag_vocab(processing_class)
         if peft_config is not None:
             peft_config = with_trainable_tag_rows(peft_config, model, sorted(vocab.ids.values()))
