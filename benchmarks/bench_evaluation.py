@@ -66,8 +66,8 @@ MODEL_KEYS = ("model_name_or_path", "dtype", "attn_implementation")
 
 
 class HarnessClock:
-    """Timestamps inside one `evaluate()` call, taken by wrapping names of `evaluation.runner`: the completion source's
-    construction (model load), an untimed warm-up batch, the start of each benchmark and `write_results`."""
+    """Timestamps inside one `evaluate()` call, taken by wrapping names of `evaluation.runner`: the policy's opening of
+    its backend (model load), an untimed warm-up batch, the start of each benchmark and `write_results`."""
 
     def __init__(self, warmup: bool):
         self.warmup, self.marks, self.times = warmup, [], {}
@@ -76,7 +76,7 @@ class HarnessClock:
     def __enter__(self):
         clock = self
         harness_load, harness_write = runner.load_problems, runner.write_results
-        source_init = runner._CompletionSource.__init__
+        open_backend = runner.ParallelPolicy.open_backend
 
         def timed_load_problems(data, *args, **kwargs):
             clock.marks.append((data.dataset_name, time.perf_counter()))
@@ -86,9 +86,9 @@ class HarnessClock:
             clock.marks.append((None, time.perf_counter()))
             return harness_write(*args, **kwargs)
 
-        def timed_init(source, config, *args, **kwargs):
+        def timed_open_backend(policy, path, config, *args, **kwargs):
             start = time.perf_counter()
-            source_init(source, config, *args, **kwargs)
+            backend = open_backend(policy, path, config, *args, **kwargs)
             clock.times["load"] = time.perf_counter() - start
             start = time.perf_counter()
             if clock.warmup:  # one batch of shipped GSM8K *train* problems: real prompt lengths, no test prompt
@@ -98,17 +98,20 @@ class HarnessClock:
                     template=config.prompt_template,
                     limit=config.batch_size,
                 )
-                source.sample([prompt_ids(source.tokenizer, row["prompt"]) for row in rows], list(range(len(rows))))
+                prompts = [prompt_ids(policy.tokenizer, row["prompt"]) for row in rows]
+                with torch.no_grad():
+                    policy.rollouts(backend, prompts, list(range(len(rows))))
             clock.times["warmup"] = time.perf_counter() - start
+            return backend
 
-        self._saved = {"load_problems": harness_load, "write_results": harness_write, "init": source_init}
+        self._saved = {"load_problems": harness_load, "write_results": harness_write, "open": open_backend}
         runner.load_problems, runner.write_results = timed_load_problems, timed_write_results
-        runner._CompletionSource.__init__ = timed_init
+        runner.ParallelPolicy.open_backend = timed_open_backend
         return self
 
     def __exit__(self, *exc):
         runner.load_problems, runner.write_results = self._saved["load_problems"], self._saved["write_results"]
-        runner._CompletionSource.__init__ = self._saved["init"]
+        runner.ParallelPolicy.open_backend = self._saved["open"]
 
     def benchmark_seconds(self) -> dict:
         """Wall seconds of each benchmark, from its `load_problems` to the next mark."""

@@ -118,7 +118,7 @@ def tag_measures(model_dir: Path, leak_ids: list[int], work: Path) -> dict:
     trainer = ParallelSFTTrainer(
         model, args, train_dataset=held_out, processing_class=AutoTokenizer.from_pretrained(model_dir)
     )
-    tag_of = trainer.tag_vocab.tag_of
+    tag_of = trainer.policy.vocab.tag_of
     probs, leaks, by_tag = [], [], {tag: [] for tag in TAGS}
     for row in trainer.train_dataset:
         batch = trainer.data_collator([row])

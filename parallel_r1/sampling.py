@@ -15,41 +15,34 @@ it as it was trained:
 from __future__ import annotations
 
 from .data import build_prompt, prompt_ids
-from .model_settings import read_settings
-from .rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend, plain_rollouts
+from .policy import ParallelPolicy
+from .rollout import Sampling
+from .rollout.arguments import BackendArguments
 from .tags.language import TAGS
 
 
 class ParallelSampler:
-    """A saved model and its tokenizer, answering problems with the fork-join engine (transformers backend), or with
-    one plain decode for a model trained without it (`rollout_mode: plain`)."""
+    """A saved model's policy (`ParallelPolicy.from_pretrained`: the settings it recorded, then `overrides`) and a
+    backend over it (`backend`: transformers on `device` by default, an offline vLLM or a vLLM server), answering problems with
+    the fork-join engine, or with one plain decode for a model trained without it (`rollout_mode: plain`)."""
 
     def __init__(
         self,
         model_path: str,
         temperature: float = 1.0,
         seed: int = 0,
-        device: str | None = None,
         top_p: float = 1.0,
+        backend: BackendArguments | None = None,
+        device: str | None = None,
         **overrides,
     ):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from .cli import check_model_path
-        from .tags.tokens import eos_ids
 
         check_model_path(model_path)
-        self.settings = read_settings(model_path, **overrides)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
-        self.eos_ids = eos_ids(self.tokenizer, self.model.generation_config)
-        self.backend = TransformersBackend(self.model, Sampling(temperature=temperature, top_p=top_p, seed=seed))
-        self.engine = None
-        if self.settings.rollout_mode != "plain":
-            tokens = EngineTokens.of(self.tokenizer, self.eos_ids)
-            self.engine = ForkJoinEngine(self.backend, tokens, self.settings)
+        self.policy = ParallelPolicy.from_pretrained(model_path, **overrides)
+        self.settings, self.tokenizer = self.policy.settings, self.policy.tokenizer
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        self.backend = self.policy.open_backend(model_path, backend or BackendArguments(), sampling, device=device)
 
     def answer(self, problems: list[str]) -> list:
         """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""
@@ -57,9 +50,7 @@ class ParallelSampler:
 
         prompts = [prompt_ids(self.tokenizer, build_prompt(p, self.settings.prompt_template)) for p in problems]
         with torch.no_grad():
-            if self.engine is not None:
-                return self.engine.generate(prompts)
-            return plain_rollouts(self.backend, prompts, self.settings.max_completion_length, self.eos_ids)
+            return self.policy.rollouts(self.backend, prompts)
 
     def text(self, rollout, color: bool = False) -> str:
         """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""

@@ -3,6 +3,7 @@
     python scripts/generate.py --model_name_or_path outputs/tiny-grpo --prompt "What is 2 + 3?"
     python scripts/generate.py --model_name_or_path <model> --file problems.txt --output answers.jsonl
     python scripts/generate.py --model_name_or_path <model>            # interactive: one problem a line
+    python scripts/generate.py --model_name_or_path <model> --backend vllm --file problems.txt   # an offline vLLM
 
 A file holds one problem a line (.txt) or JSON lines with a `problem` or `question` field (.jsonl). Any rollout
 setting can be overridden (--max_paths 3 ...). Tags are printed whole, in colour on a terminal; --output writes
@@ -21,7 +22,7 @@ from transformers import HfArgumentParser
 from parallel_r1.cli import OneLineErrors, run
 from parallel_r1.configs import refuse_renamed_settings
 from parallel_r1.docstrings import document_parameters
-from parallel_r1.rollout.arguments import RecordedRolloutArguments, SamplingArguments
+from parallel_r1.rollout.arguments import BackendArguments, RecordedRolloutArguments, SamplingArguments
 
 
 class ArgumentParser(OneLineErrors, HfArgumentParser):
@@ -30,8 +31,8 @@ class ArgumentParser(OneLineErrors, HfArgumentParser):
 
 @document_parameters
 @dataclass(kw_only=True)
-class GenerateArguments(RecordedRolloutArguments, SamplingArguments):
-    """What to answer and how; a rollout setting left unset is the model's recorded one."""
+class GenerateArguments(RecordedRolloutArguments, SamplingArguments, BackendArguments):
+    """What to answer and how, and on which backend; a rollout setting left unset is the model's recorded one."""
 
     model_name_or_path: str = field(metadata={"help": "A trained model folder or Hub id."})
     prompt: list[str] = field(default_factory=list, metadata={"help": "Problems to answer: --prompt 'one' 'two'."})
@@ -40,9 +41,10 @@ class GenerateArguments(RecordedRolloutArguments, SamplingArguments):
     batch_size: int = field(default=16, metadata={"help": "Problems sampled together (and written) at a time."})
 
     def __post_init__(self):
-        """Both bases' checks: neither dataclass's __post_init__ calls the other's."""
+        """The bases' checks: no dataclass's __post_init__ calls another's."""
         RecordedRolloutArguments.__post_init__(self)
         SamplingArguments.__post_init__(self)
+        BackendArguments.__post_init__(self)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
 
@@ -75,8 +77,9 @@ def main() -> None:
     overrides = {f.name: getattr(args, f.name) for f in fields(RecordedRolloutArguments)}
     problems = list(args.prompt) + (read_problems(args.file) if args.file else [])
     sampler = ParallelSampler(
-        args.model_name_or_path, temperature=args.temperature, top_p=args.top_p, seed=args.seed, **overrides
-    )
+        args.model_name_or_path, temperature=args.temperature, top_p=args.top_p, seed=args.seed, backend=args,
+        **overrides,
+    )  # fmt: skip
     color = sys.stdout.isatty()
     out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 - closed below
     try:

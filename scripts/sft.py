@@ -29,11 +29,9 @@ def load_traces(script_args, training_args, tokenizer, split):
 
 def main(script_args, training_args, model_args, recipe: str | None = None):
     """SFT as the arguments say, saved; returns the trainer (the caller releases its processes)."""
-    from dataclasses import replace
-
     from trl import get_peft_config
 
-    from parallel_r1.rollout import RolloutArguments
+    from parallel_r1.rollout.arguments import exact_rollout
     from parallel_r1.trainers import ParallelSFTTrainer
     from parallel_r1.training import load_model, load_tokenizer, train_and_save
 
@@ -51,9 +49,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    mode = "sequential" if training_args.attention == "causal" else "fork"  # the exact rollout of the variant
-    settings = replace(RolloutArguments.from_fields(training_args), rollout_mode=mode)
-    train_and_save(trainer, training_args, script_args.dataset_name, settings, recipe)
+    train_and_save(trainer, training_args, script_args.dataset_name, exact_rollout(training_args), recipe)
     return trainer
 
 

@@ -117,7 +117,7 @@ def test_grpo_writes_the_card_at_each_checkpoint_and_its_snippet_samples_the_mod
     with contextlib.redirect_stdout(printed):
         exec(code_block(text, "python"), snippet)  # the card's snippet, as a user would paste it
     # it sampled the saved model (a completion may be a lone EOS after two steps) and printed the text of it
-    assert snippet["rollout"].completion_ids and snippet["sampler"].model.config._name_or_path == str(out)
+    assert snippet["rollout"].completion_ids and snippet["sampler"].backend.model.config._name_or_path == str(out)
     assert printed.getvalue() == snippet["sampler"].text(snippet["rollout"]) + "\n"
 
 

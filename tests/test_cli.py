@@ -207,7 +207,7 @@ def test_settings_are_read_from_parallel_r1_json_and_a_plain_model_decodes_witho
     assert read_settings(str(model)).rollout_mode == "plain"  # no key in config.json: the file (a PEFT folder)
     sampler = ParallelSampler(str(model), temperature=1.0, seed=0)
     rollouts = sampler.answer(["What is 2+2?", "x"])
-    assert sampler.engine is None and all(0 < len(r.completion_ids) <= 16 for r in rollouts)
+    assert sampler.policy.tokens is None and all(0 < len(r.completion_ids) <= 16 for r in rollouts)
     assert json.loads((model / "parallel_r1.json").read_text())["prompt_template"] == "plain"
 
 

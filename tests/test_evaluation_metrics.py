@@ -126,10 +126,11 @@ def test_summary_and_table():
 def test_parallel_ratio_and_critical_path_of_hand_written_completions(tiny_tokenizer):
     """Scored from their token ids as the harness scores them: one parallel completion, one plain, one malformed."""
     from parallel_r1.evaluation.records import score
-    from parallel_r1.tags.tokens import tag_vocab
+    from parallel_r1.policy import ParallelPolicy
+    from parallel_r1.rollout import Rollout, RolloutArguments
 
-    vocab = tag_vocab(tiny_tokenizer)
-    tag = vocab.ids
+    policy = ParallelPolicy(tiny_tokenizer, RolloutArguments())
+    tag = policy.vocab.ids
     encode = lambda text: tiny_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     short, long, summary = encode(" two"), encode(" three and four"), encode(" ok")
     parallel = encode("Think.") + [tag["<Parallel>"], tag["<Path>"], *short, tag["</Path>"], tag["<Path>"], *long]
@@ -138,7 +139,8 @@ def test_parallel_ratio_and_critical_path_of_hand_written_completions(tiny_token
     plain = encode("Just add. Final Answer: 7")
     broken = encode("Hmm") + [tag["<Parallel>"], tag["<Path>"], *short, tag["</Path>"]]
     problem = {"benchmark": "b", "problem_index": 0, "problem_id": "0", "prompt": "p", "reference": "7"}
-    rows = [score(problem, s, ids, "eos", tiny_tokenizer, vocab) for s, ids in enumerate([parallel, plain, broken])]
+    rollouts = [Rollout([], ids, finish="eos") for ids in (parallel, plain, broken)]
+    rows = [score(problem, s, rollout, policy) for s, rollout in enumerate(rollouts)]
     assert [r["has_parallel"] for r in rows] == [True, False, False]
     assert [r["well_formed"] for r in rows] == [True, True, False] and [r["correct"] for r in rows] == [
         True,

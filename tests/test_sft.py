@@ -82,7 +82,7 @@ def token_log_probs(trainer, batch) -> torch.Tensor:
 def first_block(trainer, batch) -> tuple[int, Block]:
     start = int(completion_starts(batch["labels"])[0])
     ids = batch["input_ids"][0, start:][batch["attention_mask"][0, start:].bool()].tolist()
-    return start, parse(ids, trainer.tag_vocab).blocks[0]
+    return start, parse(ids, trainer.policy.vocab).blocks[0]
 
 
 # --------------------------------------------------------------------------- training
@@ -120,7 +120,7 @@ def test_only_isolated_paths_are_blind_to_their_siblings(tiny_dir, tmp_path, tra
     body2 = torch.arange(start + path2.open_at + 1, start + path2.end - 1)
     summary = torch.arange(start + block.close_at + 1, start + block.end)  # scored from after </Parallel>
     perturbed = {**batch, "input_ids": batch["input_ids"].clone()}
-    ordinary = [i for i in range(200, 900) if i not in trainer.tag_vocab.ids.values()]
+    ordinary = [i for i in range(200, 900) if i not in trainer.policy.vocab.ids.values()]
     perturbed["input_ids"][0, body1] = torch.tensor(ordinary[: len(body1)])
 
     before, after_perturbation = token_log_probs(trainer, batch), token_log_probs(trainer, perturbed)
@@ -352,7 +352,7 @@ def test_a_chosen_width_is_trained_from_every_path(tiny_dir, tmp_path, traces, w
     path1 = block.paths[0]
     body1 = torch.arange(start + path1.open_at + 1, start + path1.end - 1)
     perturbed = {**batch, "input_ids": batch["input_ids"].clone()}
-    ordinary = [i for i in range(200, 900) if i not in trainer.tag_vocab.ids.values()]
+    ordinary = [i for i in range(200, 900) if i not in trainer.policy.vocab.ids.values()]
     perturbed["input_ids"][0, body1] = torch.tensor(ordinary[: len(body1)])
     close = start + block.close_at
     before, after = token_log_probs(trainer, batch)[close - 1], token_log_probs(trainer, perturbed)[close - 1]

@@ -141,7 +141,7 @@ def test_sft_trains_the_tree_policy(tiny_dir, tmp_path):
         loss = trainer.compute_loss(trainer.model, batch)
         labels = batch["labels"]
         starts = (labels != -100).int().argmax(-1)
-        logits = TreeForward(model, trainer.tag_vocab, starts)(batch["input_ids"], batch["attention_mask"]).logits
+        logits = TreeForward(model, trainer.policy.vocab, starts)(batch["input_ids"], batch["attention_mask"]).logits
     logps = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]
     in_loss = labels[:, 1:] != -100
     torch.testing.assert_close(loss, -(logps * in_loss).sum() / in_loss.sum(), atol=1e-5, rtol=1e-5)

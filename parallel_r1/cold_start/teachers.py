@@ -93,23 +93,19 @@ class TransformersTeacher:
     as soon as one ends; for small runs and tests."""
 
     def __init__(self, config: ColdStartConfig):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        from ..rollout import Sampling, TransformersBackend
+        from ..policy import ParallelPolicy, load_for_sampling
+        from ..rollout import Sampling
 
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path, revision=config.model_revision)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(
-            config.model_name_or_path, revision=config.model_revision, dtype=config.dtype
-        ).to(device)
-        model.eval()
+        model = load_for_sampling(config.model_name_or_path, config.model_revision, config.dtype)
         self.eos = eos_ids(self.tokenizer, model.generation_config)
         if not self.eos:
             raise ValueError(f"{config.model_name_or_path} names no end-of-sequence token: it could not stop")
         sampling = Sampling(temperature=config.temperature, top_p=config.top_p)
-        self.backend = TransformersBackend(model, sampling)
+        self.backend = ParallelPolicy.backend(sampling, model=model)
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
         import torch
@@ -123,26 +119,22 @@ class VLLMTeacher:
     engine at once, the next one added as soon as one ends."""
 
     def __init__(self, config: ColdStartConfig):
-        from vllm import LLM
-
+        from ..policy import ParallelPolicy, load_llm
         from ..rollout import Sampling
-        from ..rollout.vllm_backend import VLLMBackend
 
         self.config = config
-        llm = LLM(
-            model=config.model_name_or_path,
-            revision=config.model_revision,
-            dtype=config.dtype,
-            seed=config.seed,
+        llm = load_llm(
+            config.model_name_or_path,
+            config,
+            config.model_revision,
+            config.dtype,
+            config.seed,
             tensor_parallel_size=config.vllm_tensor_parallel_size,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            max_model_len=config.vllm_max_model_length,
-            enforce_eager=config.vllm_enforce_eager,
-            enable_prefix_caching=True,
         )
         self.tokenizer = llm.get_tokenizer()
         self.eos = saved_eos_ids(self.tokenizer, config.model_name_or_path, config.model_revision)
-        self.backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=config.temperature, top_p=config.top_p))
+        sampling = Sampling(temperature=config.temperature, top_p=config.top_p)
+        self.backend = ParallelPolicy.backend(sampling, llm=llm)
 
     def ask(self, requests: list[Request]) -> Iterator[tuple[Request, Answer]]:
         yield from _plain_answers(self.backend, self.tokenizer, self.eos, self.config, requests)

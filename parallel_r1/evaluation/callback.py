@@ -3,7 +3,7 @@ fixed subset of benchmark problems with the training rollout, and the numbers go
 
 Logged under `eval/<benchmark>/`: mean@k, pass@k, parallel_ratio, format_valid, block_position and
 critical_over_total (definitions in `metrics`), next to the training metrics of the same step. The problems are
-the first `parallel_eval_problems` of each benchmark's test split in the `parallel` prompt template, spread over
+the first `parallel_eval_problems` of each benchmark's test split in the run's prompt template, spread over
 the processes; sampling uses the transformers backend on the gathered weights (also in vLLM runs, whose engine
 holds the weights of the last generation), as many streams at once as a training generation, with a seed of its
 own per step (`evaluation_rollouts`), so the training's random stream is not touched. Every process makes the
@@ -18,7 +18,6 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from ..data import DataArguments, load_problems, prompt_ids
-from ..rollout.arguments import concurrent_paths
 from . import records as rec
 from .config import parse_benchmarks
 from .metrics import summarize
@@ -27,13 +26,20 @@ LOGGED = ("parallel_ratio", "format_valid", "block_position", "critical_over_tot
 
 
 class InTrainingEvaluation(TrainerCallback):
-    def __init__(self, trainer, benchmarks: list, max_problems: int, template: str = "parallel"):
+    def __init__(self, trainer):
+        """The benchmarks, problems and template of `trainer.args` (`parallel_eval_benchmarks`,
+        `parallel_eval_problems`, `prompt_template`)."""
         self.trainer = trainer
         args, processes = trainer.args, trainer.accelerator.num_processes
         self.batch = args.per_device_train_batch_size * args.steps_per_generation  # a training generation's streams
         self.items, self.rows, self.prompts = [], {}, {}
-        for name, k in parse_benchmarks(benchmarks):
-            problems = load_problems(DataArguments(dataset_name=name), "test", template=template, limit=max_problems)
+        for name, k in parse_benchmarks(args.parallel_eval_benchmarks):
+            problems = load_problems(
+                DataArguments(dataset_name=name),
+                "test",
+                template=args.prompt_template,
+                limit=args.parallel_eval_problems,
+            )
             for i, row in enumerate(problems):
                 self.rows[name, i] = rec.problem_record(name, i, row)
                 self.prompts[name, i] = row["prompt"]
@@ -53,18 +59,7 @@ class InTrainingEvaluation(TrainerCallback):
             rollouts = []
             for start in range(0, self.calls * self.batch, self.batch):
                 rollouts += trainer.evaluation_rollouts(prompts[start : start + self.batch], seed + start)
-            records = [
-                rec.score(
-                    self.rows[n, i],
-                    s,
-                    r.completion_ids,
-                    r.finish,
-                    tokenizer,
-                    trainer.tag_vocab,
-                    concurrent_paths(args),
-                )
-                for (n, i, s), r in zip(mine, rollouts)
-            ]
+            records = [rec.score(self.rows[n, i], s, r, trainer.policy) for (n, i, s), r in zip(mine, rollouts)]
         summary = summarize(gather_object(records))
         metrics = trainer._metrics["train"]
         for name, values in summary["benchmarks"].items():

@@ -13,15 +13,14 @@ from dataclasses import asdict, dataclass, field
 
 from ..docstrings import document_parameters
 from ..model_settings import recorded_settings
-from ..rollout.arguments import RecordedRolloutArguments, SamplingArguments, VLLMArguments, check_set_fields
+from ..rollout.arguments import BackendArguments, RecordedRolloutArguments, SamplingArguments, check_set_fields
 
-BACKENDS = ("transformers", "vllm", "server")
 ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(RecordedRolloutArguments))
 
 
 @document_parameters
 @dataclass(kw_only=True)
-class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArguments):
+class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, BackendArguments):
     """What `scripts/evaluate.py` samples and how: the benchmarks, the rollout (each setting unset until filled from
     what the model recorded: `RecordedRolloutArguments`), the sampling and the backend."""
 
@@ -38,22 +37,12 @@ class EvaluationConfig(RecordedRolloutArguments, SamplingArguments, VLLMArgument
     label: str | None = field(default=None, metadata={"help": "Name of the model in the table (default: its path)."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
     batch_size: int = field(default=64, metadata={"help": "Completions per generation call (and per write)."})
-    backend: str = field(
-        default="transformers",
-        metadata={
-            "help": "'transformers' (CPU or GPU, data-parallel under accelerate), 'vllm' (an offline vllm.LLM) or "
-            "'server' (a running vLLM server, through TRL's VLLMClient).",
-            "choices": list(BACKENDS),
-        },
-    )
-    vllm_server_url: str = field(default="http://127.0.0.1:8000", metadata={"help": "Base URL of the server."})
 
     def __post_init__(self):
         """Checks what is set; `with_model_settings` checks the filled config again."""
         check_set_fields(self)
         SamplingArguments.__post_init__(self)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        BackendArguments.__post_init__(self)
         if self.batch_size < 1 or (self.max_problems is not None and self.max_problems < 1):
             raise ValueError("batch_size and max_problems must be at least 1")
         self.benchmark_specs()  # fail now on a bad spec

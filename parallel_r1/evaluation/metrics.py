@@ -16,12 +16,13 @@ answer it gives, and its shape. For a benchmark of P problems with n samples eac
 - The difference of two models on the same problems (`paired_difference`): the mean over problems of the
   difference of their per-problem accuracies c_i / n, and its standard error over problems. Pairing removes what
   the problems' difficulty adds to each model's own error, so it is the error to weigh a gap between two rows by.
-- Shape, over all completions of the benchmark: parallel ratio (share with at least one block and
-  well-formed, `language.Parsed.has_parallel`), format validity (share well-formed), blocks per completion,
-  paths per block (mean, min and max over the blocks), the share of blocks whose paths open alike
-  (`language.opens_alike`), mean relative position of `<Parallel>` (over all blocks, 0 = start, 1 = end), mean
-  total tokens T, mean critical-path tokens D (of the paths decoded at once the longest counted, a path the model
-  opened later counted in full: `language.stats`), and D/T (sum of D over sum of T).
+- Shape, over all completions of the benchmark (`policy.shape_metrics`, which the training logs use too): parallel
+  ratio (share with at least one block and well-formed, `language.Parsed.has_parallel`), format validity (share
+  well-formed), blocks per completion, paths per block (mean, min and max over the blocks, 0 without a block), the
+  share of blocks whose paths open alike (`language.opens_alike`), the paths' self-BLEU, mean relative position of
+  `<Parallel>` (over all blocks, 0 = start, 1 = end), mean total tokens T, mean critical-path tokens D (of the
+  paths decoded at once the longest counted, a path the model opened later counted in full: `language.stats`),
+  and D/T (sum of D over sum of T).
 
 Accuracies and ratios are fractions (0..1); tables print them as percentages.
 """
@@ -32,6 +33,7 @@ import math
 from collections import Counter, defaultdict
 
 from ..answers import normalize
+from ..policy import shape_metrics
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -120,27 +122,6 @@ def benchmark_metrics(records: list) -> dict:
     out[f"cons@{n}"], out[f"cons@{n}_stderr"] = _mean(votes), standard_error(votes)
     out.update(shape_metrics(records))
     return out
-
-
-def shape_metrics(records: list) -> dict:
-    blocks = sum(r["blocks"] for r in records)
-    total = sum(r["tokens_total"] for r in records)
-    critical = sum(r["tokens_critical"] for r in records)
-    positions = [p for r in records for p in r["block_positions"]]
-    widths = [n for r in records for n in r["paths_per_block"]]
-    return {
-        "parallel_ratio": _mean(float(r["has_parallel"]) for r in records),
-        "format_valid": _mean(float(r["well_formed"]) for r in records),
-        "blocks_per_completion": blocks / len(records),
-        "paths_per_block": sum(widths) / blocks if blocks else 0.0,
-        "paths_per_block_min": min(widths, default=0),
-        "paths_per_block_max": max(widths, default=0),
-        "openings_alike": sum(r.get("alike_blocks", 0) for r in records) / blocks if blocks else 0.0,
-        "block_position": _mean(positions),
-        "tokens_total": total / len(records),
-        "tokens_critical": critical / len(records),
-        "critical_over_total": critical / total if total else 1.0,
-    }
 
 
 def summarize(records: list) -> dict:

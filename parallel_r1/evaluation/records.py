@@ -1,8 +1,8 @@
 """Completion records: one JSON line per sampled completion, written as they arrive and read back on resume.
 
 A record holds the problem (benchmark, index, id, text, reference), the sample index, the completion as text
-(tags included) and as token ids, its extracted answer and correctness, and its shape (`language.stats` of the
-ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an
+(tags included) and as token ids, its extracted answer and correctness, and its shape (`ParallelPolicy.shape` of
+the ids, in tokens: a tokenizer without the tag tokens has no blocks, whatever its text spells). Every number of an
 evaluation is computed from these records (`metrics`), so any table can be recomputed from `completions.jsonl`.
 
 Each process appends to its own shard (`shards/rank-<i>.jsonl`, a `durable.AppendLog`) after every batch; a
@@ -17,32 +17,21 @@ from pathlib import Path
 
 from ..answers import extract_answer, extract_reference, is_correct
 from ..durable import AppendLog, read_lines
-from ..tags.language import TagVocab, parse, stats
-
-NO_TAGS = TagVocab(ids={})
 
 
-def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab, concurrent=None) -> dict:
-    """The record of one completion. `problem` is a `problem_record`; `concurrent`: the paths of a block decoded at
-    once (`rollout.arguments.concurrent_paths`; D counts the later ones in full, `language.stats`)."""
-    text = tokenizer.decode(completion_ids, skip_special_tokens=True)
-    shape = stats(parse(completion_ids, vocab or NO_TAGS), concurrent)  # in tokens; no tag tokens: all text
+def score(problem: dict, sample: int, rollout, policy) -> dict:
+    """The record of one completion (a `rollout.Rollout`) of `problem` (a `problem_record`), sampled with
+    `policy` (a `ParallelPolicy`, whose tokenizer reads it and whose settings say which paths were decoded at once)."""
+    text = policy.tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
     return {
         **problem,
         "sample": sample,
         "completion": text,
-        "completion_ids": list(completion_ids),
-        "finish": finish,
+        "completion_ids": list(rollout.completion_ids),
+        "finish": rollout.finish,
         "answer": extract_answer(text),
         "correct": is_correct(text, problem["reference"]),
-        "well_formed": shape.well_formed,
-        "has_parallel": shape.has_parallel,
-        "blocks": shape.num_blocks,
-        "paths_per_block": list(shape.paths_per_block),
-        "block_positions": list(shape.block_positions),
-        "tokens_total": shape.total,
-        "tokens_critical": shape.critical,
-        "alike_blocks": shape.alike_blocks,
+        **policy.shape(rollout.completion_ids),
     }
 
 

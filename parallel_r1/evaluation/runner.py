@@ -25,10 +25,8 @@ from ..cli import check_model_path
 from ..data import DataArguments, load_problems, prompt_ids
 from ..durable import check_settings
 from ..model_settings import saved_eos_ids
-from ..rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
-from ..rollout.arguments import concurrent_paths
-from ..rollout.vllm_backend import VLLMBackend
-from ..tags.tokens import has_parallel_tokens, tag_vocab
+from ..policy import ParallelPolicy
+from ..rollout import RolloutArguments, Sampling
 from ..versions import versions
 from . import records as rec
 from .config import EvaluationConfig
@@ -49,12 +47,17 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     check_model_path(path)
     config = config.with_model_settings(path, model_args.model_revision)  # what it leaves unset: the model's
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
-    vocab = tag_vocab(tokenizer) if has_parallel_tokens(tokenizer) else None
-    if vocab is None and config.rollout_mode != "plain":
-        raise ValueError(f"{path} has no parallel tags in its tokenizer: use rollout_mode='plain' to evaluate it")
+    eos = saved_eos_ids(tokenizer, path, model_args.model_revision)
+    try:
+        policy = ParallelPolicy(tokenizer, RolloutArguments.from_fields(config), eos)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}; use rollout_mode='plain' to evaluate it") from None
+    if config.backend != "transformers" and state.num_processes > 1:
+        raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
     if state.is_main_process:
         _check_settings(folder, config, model_args)
-    source = _CompletionSource(config, model_args, tokenizer, vocab, state)
+    sampling = Sampling(config.temperature, config.top_p, config.top_k, config.seed)
+    backend = policy.open_backend(path, config, sampling, model_args, state.device)
     state.wait_for_everyone()
     done = {rec.key(r) for r in rec.read_shards(folder)}
     state.wait_for_everyone()  # every process knows what is done before any writes: they split the same list
@@ -79,13 +82,11 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
                     batch = mine[start : start + config.batch_size]
                     prompts = [prompt_ids(tokenizer, problems[i]["prompt"]) for i, _ in batch]
                     try:
-                        outputs = source.sample(
-                            prompts, [_completion_seed(config.seed, name, *item) for item in batch]
-                        )
-                        scored = [
-                            rec.score(rows[i], s, ids, finish, tokenizer, vocab, concurrent_paths(config))
-                            for (i, s), (ids, finish) in zip(batch, outputs)
-                        ]
+                        with torch.no_grad():
+                            outputs = policy.rollouts(
+                                backend, prompts, [_completion_seed(config.seed, name, *item) for item in batch]
+                            )
+                        scored = [rec.score(rows[i], s, r, policy) for (i, s), r in zip(batch, outputs)]
                     except (ValueError, FileNotFoundError) as error:  # not a setting of the user's: the traceback
                         raise RuntimeError(f"sampling stopped: {error}") from error
                     writer.write(scored)
@@ -120,72 +121,6 @@ def write_results(folder: Path, config: EvaluationConfig, model_args, records: l
     (folder / "table.md").write_text(table + "\n")
     print(table)
     return results
-
-
-class _CompletionSource:
-    """Completions (ids, finish) for prompts, with the configured rollout and backend."""
-
-    def __init__(self, config: EvaluationConfig, model_args, tokenizer, vocab, state):
-        self.config, self.tokenizer = config, tokenizer
-        path = model_args.model_name_or_path
-        self.eos = saved_eos_ids(tokenizer, path, model_args.model_revision)
-        self.model = self.llm = self.client = None
-        self.rollout = self.tokens = None
-        if config.rollout_mode != "plain":
-            self.rollout = RolloutArguments.from_fields(config)
-            self.tokens = EngineTokens.of(tokenizer, self.eos, vocab)
-        if config.backend != "transformers" and state.num_processes > 1:
-            raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
-        if config.backend == "transformers":
-            from transformers import AutoModelForCausalLM
-
-            self.model = AutoModelForCausalLM.from_pretrained(
-                path,
-                revision=model_args.model_revision,
-                dtype=model_args.dtype,
-                attn_implementation=model_args.attn_implementation,
-            ).to(state.device)
-            self.model.eval()
-        elif config.backend == "vllm":
-            from vllm import LLM
-
-            self.llm = LLM(
-                model=path,
-                revision=model_args.model_revision,
-                dtype=model_args.dtype or "auto",
-                seed=config.seed,
-                enable_prefix_caching=True,
-                logprobs_mode="processed_logprobs",
-                gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                max_model_len=config.vllm_max_model_length,
-                enforce_eager=config.vllm_enforce_eager,
-            )
-        else:
-            from transformers import AutoConfig
-            from trl.generation.vllm_client import VLLMClient
-
-            self.client = VLLMClient(base_url=config.vllm_server_url)
-            self.vocab_size = AutoConfig.from_pretrained(path).get_text_config().vocab_size
-
-    def _backend(self):
-        sampling = Sampling(self.config.temperature, self.config.top_p, self.config.top_k, self.config.seed)
-        if self.model is not None:
-            return TransformersBackend(self.model, sampling)
-        if self.llm is not None:
-            return VLLMBackend(llm=self.llm, sampling=sampling)
-        return VLLMBackend(client=self.client, sampling=sampling, vocab_size=self.vocab_size)
-
-    def sample(self, prompts: list, seeds: list[int]) -> list:
-        """(ids, finish) of one completion per prompt, completion i drawn from `seeds[i]`."""
-        import torch
-
-        cfg, backend = self.config, self._backend()
-        with torch.no_grad():
-            if cfg.rollout_mode == "plain":
-                rollouts = plain_rollouts(backend, prompts, cfg.max_completion_length, self.eos, seeds)
-            else:
-                rollouts = ForkJoinEngine(backend, self.tokens, self.rollout).generate(prompts, seeds)
-            return [(r.completion_ids, r.finish) for r in rollouts]
 
 
 def _completion_seed(seed: int, benchmark: str, problem: int, sample: int) -> int:

@@ -7,14 +7,15 @@
 - `RecordedRolloutArguments`: the same fields, derived, each None until filled from what the model recorded
   (evaluation's and generation's arguments inherit it);
 - `SamplingArguments` and `VLLMArguments`: how tokens are drawn, and the offline vLLM engine's options, outside
-  training (evaluation, generation, the cold-start teacher).
+  training (evaluation, generation, the cold-start teacher); `BackendArguments`: which backend decodes
+  (evaluation, generation).
 
 The defaults are the paper's (2 paths, 4 blocks, 3000-token budgets: docs/paper.md, "The settings"); they are also
 what a model that recorded nothing is sampled with. `max_completion_length` is TRL's name, and in GRPO's config
 this declaration replaces TRL's.
 """
 
-from dataclasses import MISSING, dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
 from typing import Literal, get_args, get_type_hints
 
 from ..data.arguments import PromptArguments
@@ -127,6 +128,36 @@ class VLLMArguments:
     vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Offline vLLM: GPU memory share."})
     vllm_max_model_length: int | None = field(default=None, metadata={"help": "Offline vLLM: context length."})
     vllm_enforce_eager: bool = field(default=False, metadata={"help": "Offline vLLM: no CUDA graphs."})
+
+
+Backend = Literal["transformers", "vllm", "server"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+
+@document_parameters
+@dataclass(kw_only=True)
+class BackendArguments(VLLMArguments):
+    """What decodes outside training (evaluation, generation): transformers, an offline vLLM or a vLLM server."""
+
+    backend: Backend = field(
+        default="transformers",
+        metadata={
+            "help": "'transformers' (CPU or GPU, data-parallel under accelerate), 'vllm' (an offline vllm.LLM) or "
+            "'server' (a running vLLM server, through TRL's VLLMClient).",
+        },
+    )
+    vllm_server_url: str = field(default="http://127.0.0.1:8000", metadata={"help": "Base URL of the server."})
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+
+
+def exact_rollout(settings: ParallelArguments) -> RolloutArguments:
+    """The rollout that samples exactly the policy `settings`' structure trains, what an SFT run records: paths
+    one after the other for `causal` (each reads the earlier ones), decoded together otherwise."""
+    mode = "sequential" if settings.attention == "causal" else "fork"
+    return replace(RolloutArguments.from_fields(settings), rollout_mode=mode)
 
 
 def concurrent_paths(settings) -> int | None:

@@ -144,7 +144,7 @@ def model_card(trainer, model_name: str | None = None, dataset_name: str | None 
         model_name=model_name,
         stage=stage,
         overview=_table(("", ""), overview),
-        tag_table=_tags_table(getattr(trainer, "tag_vocab", None), getattr(config, INIT_KEY, None)),
+        tag_table=_tags_table(trainer.policy.vocab, getattr(config, INIT_KEY, None)),
         rollout=_rollout_table(getattr(config, CONFIG_KEY, None)),
         rewards=_rewards_table(trainer) if stage == "GRPO" else None,
         training=_training_table(trainer, stage),

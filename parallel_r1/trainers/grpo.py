@@ -7,16 +7,17 @@ checkpointing, logging, Hub push) is stock TRL:
   returns the completion ids, the sampler's log-probs and `env_mask` (0 on the tokens the runtime
   inserted), which TRL turns into its tool mask, so inserted tokens get no gradient.
 - The log-prob forward (`_get_per_token_logps_and_entropies`, used for the loss, the old and the
-  reference log-probs) scores engine rollouts under the tag grammar the sampler applied
-  (`grammar.GrammarForward`), and with `attention="isolated"` or `"tree"` runs the model on that
-  structure; both are recomputed from the token ids.
+  reference log-probs) scores engine rollouts under the tag grammar the sampler applied, and with
+  `attention="isolated"` or `"tree"` runs the model on that structure; both are recomputed from the token ids.
+
+Both go through one `policy.ParallelPolicy` of the run's tokenizer and config (`self.policy`), which also measures
+the completions.
 
 `tag_lr_multiplier` gives the tag rows their own learning rate (`tag_rate.TagRateMixin`, shared with SFT).
 
-After each generation it logs the shape of the completions (parallel ratio, blocks, paths per block with their
-min and max, the share of blocks whose paths open alike and the paths' self-BLEU, format validity, relative block
-position, D and T) and, where TRL does not already (it does with vLLM and
-importance-sampling correction on), the gap between the sampler's and the trainer's log-probs.
+After each generation it logs the shape of the completions under `parallel/` (`policy.shape_metrics`, as the
+evaluation tables have it) and, where TRL does not already (it does with vLLM and importance-sampling correction
+on), the gap between the sampler's and the trainer's log-probs.
 
 Checkpoints also carry the engine's random stream (`_save_rng_state`, `_load_rng_state`), so that a resumed run
 samples what the unbroken run would have.
@@ -35,14 +36,10 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
-from ..rewards.diversity import self_bleu
-from ..rollout import EngineTokens, ForkJoinEngine, Sampling, TransformersBackend
-from ..rollout.arguments import concurrent_paths
-from ..rollout.vllm_backend import VLLMBackend, keep_cpu_linear_weights
-from ..structure import IsolatedForward, TreeForward, check_attention_implementation
-from ..tags.grammar import GrammarForward
-from ..tags.language import parse, stats
-from ..tags.tokens import has_parallel_tokens, tag_ids, tag_vocab
+from ..policy import ParallelPolicy, shape_metrics
+from ..rollout import Sampling
+from ..rollout.vllm_backend import keep_cpu_linear_weights
+from ..structure import check_attention_implementation
 from .card import ModelCardMixin
 from .tag_rate import TagRateMixin
 
@@ -113,20 +110,14 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, processing_class=processing_class, **kwargs
         )
-        self.tag_vocab = tag_vocab(self._tokenizer) if has_parallel_tokens(self._tokenizer) else None
-        if uses_engine and self.tag_vocab is None:
-            tag_ids(self._tokenizer)  # raises, naming the missing tags
-        self.engine_tokens = (
-            EngineTokens.of(self._tokenizer, self.eos_token_ids, self.tag_vocab) if uses_engine else None
-        )
-        # the rule the engine samples under, re-applied by the log-prob forward: one Grammar from the same tokens
-        self.grammar = self.engine_tokens.grammar(args) if uses_engine else None
+        # what the engine samples under and the log-prob forward re-applies: one policy of the same tokens
+        self.policy = ParallelPolicy(self._tokenizer, args, self.eos_token_ids)
         if args.attention != "causal":
             check_attention_implementation(self.accelerator.unwrap_model(self.model))
         self._backend = None  # the rollout backend, built at the first generation (`_sampler`)
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
-            self.add_callback(InTrainingEvaluation(self, args.parallel_eval_benchmarks, args.parallel_eval_problems))
+            self.add_callback(InTrainingEvaluation(self))
 
     # ------------------------------------------------------------------ generation
 
@@ -152,9 +143,6 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         seed = args.seed + self.accelerator.process_index
         return Sampling(temperature=args.temperature, seed=seed)
 
-    def _engine(self, backend) -> ForkJoinEngine:
-        return ForkJoinEngine(backend, self.engine_tokens, self.args)
-
     def _sampler(self, build):
         """This process's backend (built by `build` the first time), kept across generations so that the
         generator which seeds each generation's completions runs on, and is checkpointed (`_save_rng_state`)."""
@@ -167,20 +155,19 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
 
     def _rollouts(self, prompt_ids: list) -> list:
         if self.use_vllm:  # colocate: this process's own vLLM engine, weights already synced by TRL
-            backend = self._sampler(lambda: VLLMBackend(llm=self.vllm_generation.llm, sampling=self._sampling()))
-            return self._engine(backend).generate(prompt_ids)
+            backend = self._sampler(lambda: self.policy.backend(self._sampling(), llm=self.vllm_generation.llm))
+            return self.policy.rollouts(backend, prompt_ids)
         with self._generation_model() as model:
-            backend = self._sampler(lambda: TransformersBackend(model, self._sampling()))
+            backend = self._sampler(lambda: self.policy.backend(self._sampling(), model=model))
             backend.model = model
-            return self._engine(backend).generate(prompt_ids)
+            return self.policy.rollouts(backend, prompt_ids)
 
     def evaluation_rollouts(self, prompt_ids: list, seed: int) -> list:
         """Rollouts of the current weights with the training rollout settings, on the transformers backend and a
         random stream of their own (the training stream is not touched). For in-training evaluation."""
         with self._generation_model() as model:
-            sampling = Sampling(temperature=self.args.temperature, seed=seed)
-            backend = TransformersBackend(model, sampling)
-            return self._engine(backend).generate(prompt_ids)
+            backend = self.policy.backend(Sampling(temperature=self.args.temperature, seed=seed), model=model)
+            return self.policy.rollouts(backend, prompt_ids)
 
     @contextmanager
     def _generation_model(self):
@@ -205,11 +192,11 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         if self.accelerator.is_main_process:
             vocab_size = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
             backend = self._sampler(
-                lambda: VLLMBackend(
-                    client=self.vllm_generation.vllm_client, sampling=self._sampling(), vocab_size=vocab_size
+                lambda: self.policy.backend(
+                    self._sampling(), client=self.vllm_generation.vllm_client, vocab_size=vocab_size
                 )
             )
-            payload = [self._engine(backend).generate(everyone)]
+            payload = [self.policy.rollouts(backend, everyone)]
         broadcast_object_list(payload, from_process=0)
         start = self.accelerator.process_index * len(prompt_ids)
         return payload[0][start : start + len(prompt_ids)]
@@ -235,7 +222,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         warning. `rollout_mode="plain"` samples from torch's global generator, which transformers restores.
         """
         super()._load_rng_state(checkpoint)
-        if checkpoint is None or self.grammar is None:
+        if checkpoint is None or self.policy.tokens is None:
             return
         self._warn_if_mid_generation()
         if self.use_vllm and self.vllm_generation.mode == "server" and not self.accelerator.is_main_process:
@@ -263,13 +250,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
     # ------------------------------------------------------------------ the structured forward
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        start, widths = input_ids.size(1) - logits_to_keep, (self.args.min_paths, self.args.max_paths)
-        if self.args.attention == "isolated":
-            model = IsolatedForward(model, self.tag_vocab, start, *widths)
-        elif self.args.attention == "tree":
-            model = TreeForward(model, self.tag_vocab, start, *widths)
-        if self.grammar is not None:
-            model = GrammarForward(model, self.grammar, start, self.temperature)
+        model = self.policy.training_forward(model, input_ids.size(1) - logits_to_keep, self.temperature)
         return super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
@@ -279,7 +260,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
-        if self.tag_vocab is not None:
+        if self.policy.vocab is not None:
             self._log_shapes(output, mode)
         if self.args.measure_sampling_mismatch and "sampling_per_token_logps" in output:
             if not (self.use_vllm and self.vllm_importance_sampling_correction):  # TRL logs it in that case
@@ -309,56 +290,20 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         self._metrics[mode]["sampling/importance_weights_clipped"].append(clipped / total if total else 0.0)
 
     def _log_shapes(self, output: dict, mode: str) -> None:
+        """`policy.shape_metrics` of every process's completions, as `parallel/<name>` (`parallel/ratio` for the
+        parallel ratio); under `tree`, also the copies of later paths its training forward adds, per completion."""
         completions = [
             ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"])
         ]
-        parsed = [parse(ids, self.tag_vocab) for ids in completions]
-        shapes = [stats(p, concurrent_paths(self.args)) for p in parsed]
-        copied = [sum(path.length for block in p.blocks for path in block.paths[1:]) for p in parsed]
-        closed = [any(block.closed for block in p.blocks) for p in parsed]  # self-BLEU reads closed blocks only
-        bleu = [self_bleu(p, self._tokenizer.decode) if has else 0.0 for p, has in zip(parsed, closed)]
-        device = self.accelerator.device
-        rows = torch.tensor(
-            [
-                [
-                    float(s.has_parallel),
-                    float(s.well_formed),
-                    s.num_blocks,
-                    sum(s.paths_per_block),
-                    sum(s.block_positions),
-                    s.total,
-                    s.critical,
-                    extra,
-                    s.alike_blocks,
-                    score,
-                    float(has),
-                ]
-                for s, extra, score, has in zip(shapes, copied, bleu, closed)
-            ],
-            dtype=torch.float64,
-            device=device,
-        )
-        totals = self.accelerator.gather(rows).sum(0).tolist()
-        count = self.accelerator.gather(torch.tensor([len(shapes)], device=device)).sum().item()
-        parallel, well_formed, blocks, paths, positions, total, critical, copied, alike, bleu, with_closed = totals
-        widths = [n for s in shapes for n in s.paths_per_block]  # every block, a cut one too (as in evaluation)
-        low = self.accelerator.gather(torch.tensor([min(widths, default=-1)], device=device))  # -1: no block
-        high = self.accelerator.gather(torch.tensor([max(widths, default=-1)], device=device))
+        shapes = gather_object([self.policy.shape(ids) for ids in completions])
         metrics = self._metrics[mode]
-        metrics["parallel/ratio"].append(parallel / count)
-        metrics["parallel/format_valid"].append(well_formed / count)
-        metrics["parallel/blocks_per_completion"].append(blocks / count)
-        metrics["parallel/paths_per_block"].append(paths / blocks if blocks else 0.0)
-        metrics["parallel/paths_per_block_min"].append(low[low >= 0].min().item() if blocks else 0.0)
-        metrics["parallel/paths_per_block_max"].append(high.max().item() if blocks else 0.0)
-        metrics["parallel/openings_alike"].append(alike / blocks if blocks else 0.0)
-        metrics["parallel/self_bleu"].append(bleu / with_closed if with_closed else 0.0)
-        metrics["parallel/block_position"].append(positions / blocks if blocks else 0.0)
-        metrics["parallel/tokens_total"].append(total / count)
-        metrics["parallel/tokens_critical"].append(critical / count)
-        metrics["parallel/critical_over_total"].append(critical / total if total else 1.0)
-        if self.args.attention == "tree":  # the copies its training forward adds, per completion
-            metrics["parallel/tree_extra_tokens"].append(copied / count)
+        for name, value in shape_metrics(shapes).items():
+            metrics[f"parallel/{name.removeprefix('parallel_')}"].append(value)
+        if self.args.attention == "tree":
+            copied = [
+                sum(path.length for b in self.policy.parse(ids).blocks for path in b.paths[1:]) for ids in completions
+            ]
+            metrics["parallel/tree_extra_tokens"].append(sum(gather_object(copied)) / len(shapes))
 
     @torch.no_grad()
     def _log_mismatch(self, output: dict, mode: str) -> None:

@@ -27,8 +27,9 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTTrainer
 
 from ..configs import ParallelSFTConfig
-from ..structure import IsolatedForward, TreeForward, check_attention_implementation
-from ..tags.tokens import add_parallel_tokens, missing_tags, tag_vocab
+from ..policy import ParallelPolicy
+from ..structure import check_attention_implementation
+from ..tags.tokens import add_parallel_tokens, missing_tags
 from .card import ModelCardMixin
 from .tag_rate import TagRateMixin
 
@@ -136,11 +137,10 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
         if args.attention != "causal":
             check_attention_implementation(model)
         ensure_parallel_tokens(processing_class, model, args.tag_init)
-        vocab = tag_vocab(processing_class)
+        self.policy = ParallelPolicy(processing_class, args)  # the structure trained (SFT samples nothing)
         if peft_config is not None:
-            peft_config = with_trainable_tag_rows(peft_config, model, sorted(vocab.ids.values()))
+            peft_config = with_trainable_tag_rows(peft_config, model, sorted(self.policy.vocab.ids.values()))
         super().__init__(model, args, processing_class=processing_class, peft_config=peft_config, **kwargs)
-        self.tag_vocab = vocab
         if peft_config is not None:
             _expose_head_bias(self.model.get_output_embeddings())
         if args.attention != "causal":
@@ -166,9 +166,5 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
         Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
         it after the forward (the token count it logs), and a 4-D mask there would count pairs.
         """
-        starts, widths = completion_starts(inputs["labels"]), (self.args.min_paths, self.args.max_paths)
-        if self.args.attention == "isolated":
-            model = IsolatedForward(model, self.tag_vocab, starts, *widths)
-        elif self.args.attention == "tree":
-            model = TreeForward(model, self.tag_vocab, starts, *widths)
+        model = self.policy.training_forward(model, completion_starts(inputs["labels"]))
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -105,7 +105,7 @@ def _deepspeed(param) -> bool:
 
 
 class TagRateMixin:
-    """Put before TRL's trainer class (which sets `tag_vocab`): with `tag_lr_multiplier` != 1, the optimizer the
+    """Put before TRL's trainer class, in a trainer with a `policy`: with `tag_lr_multiplier` != 1, the optimizer the
     trainer creates scales the tag rows' steps (`TagRate`), and each log holds the tag rows' rate,
     `tag_learning_rate`, next to `learning_rate` (so trainer_state.json records it at every logged step)."""
 
@@ -117,9 +117,9 @@ class TagRateMixin:
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
         if self.args.tag_lr_multiplier != 1 and not hasattr(self, "tag_rate"):
-            if getattr(self, "tag_vocab", None) is None:
+            if self.policy.vocab is None:
                 raise ValueError("tag_lr_multiplier needs the tags in the tokenizer (scripts/add_special_tokens.py)")
-            rows = tag_rows(self.model if model is None else model, list(self.tag_vocab.ids.values()))
+            rows = tag_rows(self.model if model is None else model, list(self.policy.vocab.ids.values()))
             self.tag_rate = TagRate(optimizer, rows, self.args.tag_lr_multiplier)
         return optimizer
 

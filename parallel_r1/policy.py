@@ -1,0 +1,208 @@
+"""The policy: one run's tokenizer and settings, and everything that must agree between what is sampled and what is
+trained.
+
+    policy = ParallelPolicy.from_pretrained("outputs/tiny-grpo")         # the settings the model recorded
+    backend = policy.backend(Sampling(seed=0), model=load_for_sampling("outputs/tiny-grpo"))
+    rollouts = policy.rollouts(backend, prompt_ids)                       # fork-join engine, or one plain decode
+    model_on_structure = policy.training_forward(model, start, 1.0)      # scores them as they were sampled
+    shape = policy.shape(rollouts[0].completion_ids)                      # blocks, paths, T, D, ...
+
+A `ParallelPolicy` holds the settings whole (`RolloutArguments`; SFT's `ParallelArguments`, which sample nothing)
+and reads from the tokenizer, once, what both sides need: the tag ids, the ids that end a completion, and the tag
+grammar that the sampler obeys and the training forward re-applies. The trainers, the evaluation and its
+in-training callback, `sampling.ParallelSampler` (`scripts/generate.py`) and the cold start's teachers all sample,
+score or measure through it; `shape_metrics` is the one place the shape of a set of completions is summed up, for
+the training logs and the evaluation tables alike.
+"""
+
+from __future__ import annotations
+
+from .rewards.diversity import self_bleu
+from .rollout import EngineTokens, ForkJoinEngine, Rollout, Sampling, TransformersBackend, plain_rollouts
+from .rollout.arguments import ParallelArguments, concurrent_paths
+from .structure import IsolatedForward, TreeForward
+from .tags.grammar import GrammarForward
+from .tags.language import TagVocab, parse, stats
+from .tags.tokens import has_parallel_tokens, tag_ids, tag_vocab
+
+NO_TAGS = TagVocab(ids={})  # a tokenizer without the tags: every completion is plain text
+
+
+class ParallelPolicy:
+    """A tokenizer with the run's settings (`settings`, kept whole) and `eos_ids`, the ids that end a completion.
+
+    A setting that samples with the engine (`rollout_mode` fork or sequential) needs the six tags in the tokenizer
+    (refused here, naming the missing ones); a plain run, or a tokenizer without the tags, has no grammar."""
+
+    def __init__(self, tokenizer, settings: ParallelArguments, eos_ids=frozenset()):
+        self.tokenizer, self.settings, self.eos_ids = tokenizer, settings, frozenset(eos_ids)
+        self.vocab = tag_vocab(tokenizer) if has_parallel_tokens(tokenizer) else None
+        self.tokens = self.grammar = None
+        if getattr(settings, "rollout_mode", "plain") != "plain":
+            if self.vocab is None:
+                tag_ids(tokenizer)  # raises, naming the missing tags
+            self.tokens = EngineTokens.of(tokenizer, self.eos_ids, self.vocab)
+            self.grammar = self.tokens.grammar(settings)
+
+    @classmethod
+    def from_pretrained(cls, path: str, revision: str | None = None, **overrides) -> ParallelPolicy:
+        """The policy of a saved model: its tokenizer, the settings it recorded (then `overrides`, None ignored:
+        `model_settings.read_settings`) and its end ids (`model_settings.saved_eos_ids`)."""
+        from transformers import AutoTokenizer
+
+        from .model_settings import read_settings, saved_eos_ids
+
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        settings = read_settings(path, revision, **overrides)
+        return cls(tokenizer, settings, saved_eos_ids(tokenizer, path, revision))
+
+    # ------------------------------------------------------------------ sampling
+
+    @staticmethod
+    def backend(sampling: Sampling, *, model=None, llm=None, client=None, vocab_size: int | None = None):
+        """The decoding backend over exactly one of: a transformers `model`, an offline `vllm.LLM` (`llm`, also
+        TRL's colocated engine) or TRL's `VLLMClient` of a server (`client`, with the model's `vocab_size`)."""
+        if sum(source is not None for source in (model, llm, client)) != 1:
+            raise ValueError("a backend needs exactly one of model, llm or client")
+        if model is not None:
+            return TransformersBackend(model, sampling)
+        from .rollout.vllm_backend import VLLMBackend
+
+        return VLLMBackend(llm=llm, client=client, sampling=sampling, vocab_size=vocab_size)
+
+    def open_backend(self, path: str, args, sampling: Sampling, model_args=None, device=None):
+        """The backend `args.backend` names (`rollout.arguments.BackendArguments`) over the saved model at `path`:
+        the model loaded here onto `device` (`load_for_sampling`), an offline vLLM of it (`load_llm`, seeded with
+        `sampling.seed`) or the server at `args.vllm_server_url`, which must serve it. `model_args` (TRL's
+        `ModelConfig`, optional): the revision, dtype and attention implementation to load."""
+        revision = getattr(model_args, "model_revision", None)
+        dtype = getattr(model_args, "dtype", None)
+        if args.backend == "transformers":
+            attention = getattr(model_args, "attn_implementation", None)
+            model = load_for_sampling(path, revision, dtype, attention, device)
+            return self.backend(sampling, model=model)
+        if args.backend == "vllm":
+            llm = load_llm(path, args, revision, dtype, sampling.seed, logprobs_mode="processed_logprobs")
+            return self.backend(sampling, llm=llm)
+        from transformers import AutoConfig
+        from trl.generation.vllm_client import VLLMClient
+
+        vocab_size = AutoConfig.from_pretrained(path, revision=revision).get_text_config().vocab_size
+        return self.backend(sampling, client=VLLMClient(base_url=args.vllm_server_url), vocab_size=vocab_size)
+
+    def engine(self, backend) -> ForkJoinEngine:
+        """The fork-join engine of these settings on `backend`."""
+        if self.tokens is None:
+            raise ValueError(f"rollout_mode={self.settings.rollout_mode!r} samples without the fork-join engine")
+        return ForkJoinEngine(backend, self.tokens, self.settings)
+
+    def rollouts(self, backend, prompts: list[list[int]], seeds: list[int] | None = None) -> list[Rollout]:
+        """One rollout per prompt, with the fork-join engine or, for `rollout_mode: plain`, one plain decode capped
+        at `max_completion_length`; `seeds[i]` is completion i's random stream (default: drawn by the backend)."""
+        if self.tokens is None:
+            return plain_rollouts(backend, prompts, self.settings.max_completion_length, self.eos_ids, seeds)
+        return self.engine(backend).generate(prompts, seeds)
+
+    # ------------------------------------------------------------------ training
+
+    def training_forward(self, model, completion_start, temperature: float | None = None):
+        """`model` called on the run's structure (`attention`: isolated and tree rebuild it from the ids; causal is
+        the model itself) and, given the sampling `temperature`, scored under the grammar the sampler obeyed.
+        `completion_start`: where the completions start, one for all rows or one per row (SFT)."""
+        settings = self.settings
+        widths = (settings.min_paths, settings.max_paths)
+        if settings.attention != "causal" and self.vocab is None:
+            tag_ids(self.tokenizer)  # raises, naming the missing tags
+        if settings.attention == "isolated":
+            model = IsolatedForward(model, self.vocab, completion_start, *widths)
+        elif settings.attention == "tree":
+            model = TreeForward(model, self.vocab, completion_start, *widths)
+        if temperature is not None and self.grammar is not None:
+            model = GrammarForward(model, self.grammar, completion_start, temperature)
+        return model
+
+    # ------------------------------------------------------------------ shapes
+
+    def parse(self, completion_ids):
+        """The completion's tag structure, read from its ids (all text for a tokenizer without the tags)."""
+        return parse(completion_ids, self.vocab or NO_TAGS)
+
+    def shape(self, completion_ids) -> dict:
+        """The shape of one completion, in tokens: what `shape_metrics` sums up (and evaluation records keep).
+        D counts the paths decoded at once by the longest of them (`language.stats`); `self_bleu` is the mean
+        self-BLEU of its closed blocks' paths, None without one."""
+        parsed = self.parse(completion_ids)
+        shape = stats(parsed, concurrent_paths(self.settings))
+        closed = any(block.closed for block in parsed.blocks)
+        return {
+            "well_formed": shape.well_formed,
+            "has_parallel": shape.has_parallel,
+            "blocks": shape.num_blocks,
+            "paths_per_block": list(shape.paths_per_block),
+            "block_positions": list(shape.block_positions),
+            "tokens_total": shape.total,
+            "tokens_critical": shape.critical,
+            "alike_blocks": shape.alike_blocks,
+            "self_bleu": self_bleu(parsed, self.tokenizer.decode) if closed else None,
+        }
+
+
+def shape_metrics(shapes: list[dict]) -> dict:
+    """The shape of a set of completions (`ParallelPolicy.shape` of each), for the training logs and the evaluation
+    tables: parallel ratio, format validity, blocks per completion, paths per block (mean, min and max over the
+    blocks; all three 0 when no completion has a block), the share of blocks whose paths open alike, the mean
+    self-BLEU of the completions with a closed block (0 without any), the mean relative block position, mean T and
+    D, and D/T (sum over sum; 1 without tokens)."""
+    if not shapes:
+        raise ValueError("no completions to measure")
+    count, blocks = len(shapes), sum(s["blocks"] for s in shapes)
+    total, critical = sum(s["tokens_total"] for s in shapes), sum(s["tokens_critical"] for s in shapes)
+    widths = [n for s in shapes for n in s["paths_per_block"]]
+    positions = [p for s in shapes for p in s["block_positions"]]
+    bleu = [s["self_bleu"] for s in shapes if s.get("self_bleu") is not None]  # older records hold neither
+    alike = sum(s.get("alike_blocks", 0) for s in shapes)  # this count nor self-BLEU
+    return {
+        "parallel_ratio": sum(bool(s["has_parallel"]) for s in shapes) / count,
+        "format_valid": sum(bool(s["well_formed"]) for s in shapes) / count,
+        "blocks_per_completion": blocks / count,
+        "paths_per_block": sum(widths) / blocks if blocks else 0.0,
+        "paths_per_block_min": min(widths, default=0),
+        "paths_per_block_max": max(widths, default=0),
+        "openings_alike": alike / blocks if blocks else 0.0,
+        "self_bleu": sum(bleu) / len(bleu) if bleu else 0.0,
+        "block_position": sum(positions) / len(positions) if positions else 0.0,
+        "tokens_total": total / count,
+        "tokens_critical": critical / count,
+        "critical_over_total": critical / total if total else 1.0,
+    }
+
+
+def load_for_sampling(path: str, revision: str | None = None, dtype=None, attn_implementation=None, device=None):
+    """A saved model loaded to sample from, in eval mode, on `device` (default: the GPU if there is one)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, revision=revision, dtype=dtype, attn_implementation=attn_implementation
+    )
+    return model.to(device).eval()
+
+
+def load_llm(path: str, vllm_args, revision: str | None = None, dtype=None, seed: int = 0, **options):
+    """An offline `vllm.LLM` of a saved model with prefix caching (the engine's forks share their prompt's KV),
+    `vllm_args`' memory share, context length and eager mode (`rollout.arguments.VLLMArguments`), and `options`
+    for the rest (e.g. `tensor_parallel_size`, `logprobs_mode`)."""
+    from vllm import LLM
+
+    return LLM(
+        model=path,
+        revision=revision,
+        dtype=dtype or "auto",
+        seed=seed,
+        enable_prefix_caching=True,
+        gpu_memory_utilization=vllm_args.vllm_gpu_memory_utilization,
+        max_model_len=vllm_args.vllm_max_model_length,
+        enforce_eager=vllm_args.vllm_enforce_eager,
+        **options,
+    )

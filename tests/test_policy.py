@@ -1,0 +1,142 @@
+"""The policy object: one home for the tags, the grammar, the backends, the rollouts, the training forward and the
+shape of completions, used the same way by training and evaluation."""
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from parallel_r1.data import build_prompt
+from parallel_r1.data.prompts import PROMPT_MARKER
+from parallel_r1.evaluation.metrics import benchmark_metrics
+from parallel_r1.evaluation.records import score
+from parallel_r1.policy import ParallelPolicy, shape_metrics
+from parallel_r1.rollout import Rollout, RolloutArguments, Sampling
+from parallel_r1.rollout.arguments import BackendArguments, ParallelArguments, exact_rollout
+from parallel_r1.structure import IsolatedForward, TreeForward
+from parallel_r1.tags.grammar import GrammarForward
+from parallel_r1.testing.tiny_grpo import arithmetic_dataset, tiny_grpo_config, tiny_grpo_trainer
+from parallel_r1.trainers import ParallelGRPOTrainer
+
+PROBLEM = {"benchmark": "b", "problem_index": 0, "problem_id": "0", "prompt": "p", "reference": "7"}
+
+
+def completions(tokenizer) -> dict:
+    """Hand-written completions as ids: two blocks of 2 and 3 paths, one plain text, one cut inside a block."""
+    tag = ParallelPolicy(tokenizer, RolloutArguments()).vocab.ids
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def block(*paths: str) -> list:
+        ids = [tag["<Parallel>"]]
+        for path in paths:
+            ids += [tag["<Path>"], *encode(path), tag["</Path>"]]
+        return ids + [tag["</Parallel>"], *encode("\n"), tag["<Summary>"], *encode(" ok"), tag["</Summary>"]]
+
+    return {
+        "blocks": encode("Think.") + block(" two", " three and four") + block(" a b", " a c", " d") + encode(" 7"),
+        "plain": encode("Just add. Final Answer: 7"),
+        "cut": encode("Hmm") + [tag["<Parallel>"], tag["<Path>"], *encode(" two"), tag["</Path>"]],
+    }
+
+
+def logged_shapes(policy, ids: list, attention: str = "isolated") -> dict:
+    """What the GRPO trainer logs under parallel/ for these completions (its own `_log_shapes`, one process)."""
+    width = max(map(len, ids))
+    output = {
+        "completion_ids": torch.tensor([row + [0] * (width - len(row)) for row in ids]),
+        "completion_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids]),
+    }
+    trainer = SimpleNamespace(
+        policy=policy, _metrics={"train": defaultdict(list)}, args=SimpleNamespace(attention=attention)
+    )
+    ParallelGRPOTrainer._log_shapes(trainer, output, "train")
+    return {name: values[0] for name, values in trainer._metrics["train"].items()}
+
+
+@pytest.mark.parametrize("chosen", [["blocks", "plain", "cut"], ["plain"], ["cut"]])
+def test_training_logs_the_shape_the_evaluation_tables_show(tiny_tokenizer, chosen):
+    """One function measures both: every shape number of an evaluation is logged in training under parallel/ (the
+    parallel ratio as parallel/ratio), with the same value, completions without any block included."""
+    policy = ParallelPolicy(tiny_tokenizer, RolloutArguments())
+    ids = [completions(tiny_tokenizer)[name] for name in chosen]
+    records = [score(PROBLEM, s, Rollout([], row, finish="eos"), policy) for s, row in enumerate(ids)]
+    evaluated = {k: v for k, v in benchmark_metrics(records).items() if k in shape_metrics(records)}
+    logged = logged_shapes(policy, ids)
+    assert len(evaluated) == 12
+    for name, value in evaluated.items():
+        assert logged[f"parallel/{name.removeprefix('parallel_')}"] == pytest.approx(value), name
+
+
+def test_shape_metrics_of_completions_without_a_closed_block(tiny_tokenizer):
+    """No block: every per-block number is 0 (not -1), D/T is 1; self-BLEU reads closed blocks only."""
+    policy = ParallelPolicy(tiny_tokenizer, RolloutArguments())
+    plain = shape_metrics([policy.shape(completions(tiny_tokenizer)["plain"])])
+    assert plain["paths_per_block_min"] == plain["paths_per_block_max"] == plain["paths_per_block"] == 0
+    assert plain["self_bleu"] == plain["openings_alike"] == plain["block_position"] == 0.0
+    assert plain["critical_over_total"] == 1.0
+    cut = policy.shape(completions(tiny_tokenizer)["cut"])
+    assert cut["blocks"] == 1 and cut["self_bleu"] is None
+    both = shape_metrics([cut, policy.shape(completions(tiny_tokenizer)["blocks"])])
+    assert (both["paths_per_block_min"], both["paths_per_block_max"]) == (1, 3)
+    assert both["self_bleu"] == policy.shape(completions(tiny_tokenizer)["blocks"])["self_bleu"] > 0
+    with pytest.raises(ValueError, match="no completions"):
+        shape_metrics([])
+
+
+def test_the_training_forward_is_the_runs_structure_under_the_grammar(tiny_tokenizer):
+    model = torch.nn.Identity()
+    for attention, structure in (("isolated", IsolatedForward), ("tree", TreeForward)):
+        policy = ParallelPolicy(tiny_tokenizer, RolloutArguments(attention=attention))
+        scored = policy.training_forward(model, 5, temperature=0.7)
+        assert isinstance(scored, GrammarForward) and isinstance(scored.model, structure)
+        assert isinstance(policy.training_forward(model, 5), structure)  # SFT: no grammar
+    causal = ParallelPolicy(tiny_tokenizer, RolloutArguments(attention="causal", rollout_mode="sequential"))
+    assert causal.training_forward(model, 5, temperature=1.0).model is model
+    plain = ParallelPolicy(tiny_tokenizer, RolloutArguments(attention="causal", rollout_mode="plain"))
+    assert plain.grammar is None and plain.training_forward(model, 5, temperature=1.0) is model
+    sft = ParallelPolicy(tiny_tokenizer, ParallelArguments(attention="tree"))
+    assert sft.grammar is None and isinstance(sft.training_forward(model, torch.tensor([3, 4]), 1.0), TreeForward)
+
+
+def test_a_policy_that_samples_with_the_engine_needs_the_tags():
+    from parallel_r1.testing.tiny import build_tokenizer
+
+    bare = build_tokenizer(with_tags=False)
+    with pytest.raises(ValueError, match="<Parallel>"):
+        ParallelPolicy(bare, RolloutArguments())
+    plain = ParallelPolicy(bare, RolloutArguments(attention="causal", rollout_mode="plain"))
+    assert plain.vocab is None and plain.shape(bare.encode("1 + 2"))["blocks"] == 0
+
+
+def test_a_backend_needs_exactly_one_source():
+    with pytest.raises(ValueError, match="exactly one"):
+        ParallelPolicy.backend(Sampling())
+    with pytest.raises(ValueError, match="exactly one"):
+        ParallelPolicy.backend(Sampling(), model=torch.nn.Linear(1, 1), llm=object())
+    with pytest.raises(ValueError, match="backend must be one of"):
+        BackendArguments(backend="sglang")
+
+
+def test_sft_records_the_rollout_that_samples_its_structure_exactly():
+    assert exact_rollout(ParallelArguments(attention="causal")).rollout_mode == "sequential"
+    for attention in ("isolated", "tree"):
+        settings = exact_rollout(ParallelArguments(attention=attention, min_paths=2, max_paths=4))
+        assert (settings.rollout_mode, settings.attention, settings.max_paths) == ("fork", attention, 4)
+
+
+def test_in_training_evaluation_prompts_with_the_runs_template(tmp_path, tag_prone_dir):
+    """The callback's problems are written in the run's `prompt_template` (it used to be `parallel` always)."""
+    from parallel_r1.evaluation.callback import InTrainingEvaluation
+
+    args = tiny_grpo_config(
+        tmp_path, prompt_template="plain", parallel_eval_steps=1, parallel_eval_benchmarks=["gsm8k@1"],
+        parallel_eval_problems=2,
+    )  # fmt: skip
+    trainer = tiny_grpo_trainer(tag_prone_dir, args, arithmetic_dataset())
+    (callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, InTrainingEvaluation)]
+    prompts = list(callback.prompts.values())
+    assert len(prompts) == 2
+    for prompt in prompts:
+        instruction, marker, problem = prompt[-1]["content"].rpartition(PROMPT_MARKER)
+        assert marker and prompt == build_prompt(problem, "plain") != build_prompt(problem, "parallel")
