@@ -150,8 +150,9 @@ def test_a_hub_that_never_answers_is_given_up_in_seconds(hub, monkeypatch):
     assert time.monotonic() - began < 5
 
 
-@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
-def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_prone_dir, tmp_path):
+@pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out); vLLM: about a minute more
+@pytest.mark.parametrize("backend", ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_prone_dir, tmp_path, backend):
     import json
     import shutil
 
@@ -173,8 +174,11 @@ def test_generate_samples_with_the_recorded_settings_and_keeps_the_tags(tag_pron
     problems.write_text("".join(json.dumps({"problem": q}) + "\n" for q in ["What is 2+2?", "x", "Tell me.", "a b c"]))
     out = tmp_path / "answers.jsonl"
     command = [sys.executable, "scripts/generate.py", "--model_name_or_path", str(model), "--file", str(problems),
-               "--prompt", "Compute 17*3 please.", "--output", str(out)]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+               "--prompt", "Compute 17*3 please.", "--output", str(out), "--backend", backend]  # fmt: skip
+    if backend == "vllm":
+        command += ["--vllm_enforce_eager", "true", "--vllm_max_model_length", "1024"]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     answers = [json.loads(line) for line in out.read_text().splitlines()]
     assert [a["problem"] for a in answers] == ["Compute 17*3 please.", "What is 2+2?", "x", "Tell me.", "a b c"]
