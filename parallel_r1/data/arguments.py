@@ -4,7 +4,7 @@
 from dataclasses import dataclass, field
 
 from ..docstrings import document_parameters
-from .prompts import check_template
+from .prompts import DEFAULT_TEMPLATE, check_template
 
 
 @document_parameters
@@ -13,7 +13,7 @@ class PromptArguments:
     """The template a model's prompts are built with: for its cold-start traces, its training and its sampling."""
 
     prompt_template: str = field(
-        default="parallel",
+        default=DEFAULT_TEMPLATE,
         metadata={"help": "Prompt template around each problem (data.TEMPLATES): parallel, plain or none."},
     )
 

@@ -26,7 +26,7 @@ from ..answers import final_answer
 from ..tags.language import parse
 from ..tags.tokens import add_parallel_tokens, missing_tags
 from . import DATA_DIR
-from .prompts import PROMPT_MARKER, TEMPLATES, build_prompt, check_template
+from .prompts import DEFAULT_TEMPLATE, PROMPT_MARKER, TEMPLATES, build_prompt, check_template
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -146,7 +146,7 @@ def read_source(source: str, split: str = "train", config: str | None = None) ->
 
 
 def load_problems(
-    data: DataArguments, split: str | None = None, *, template: str = "parallel", limit: int | None = None
+    data: DataArguments, split: str | None = None, *, template: str = DEFAULT_TEMPLATE, limit: int | None = None
 ) -> Dataset:
     """Problems of `split` (default: `data.dataset_train_split`) of `data`'s source as columns `prompt` (one chat user
     turn), `answer` and `id`; `limit` caps the rows (default: `data.row_limit(split)`, `max_train_samples` on the
@@ -165,7 +165,7 @@ def load_problems(
 
 
 def load_sft_traces(
-    data: SFTDataArguments, split: str | None = None, *, template: str = "parallel", limit: int | None = None
+    data: SFTDataArguments, split: str | None = None, *, template: str = DEFAULT_TEMPLATE, limit: int | None = None
 ) -> Dataset:
     """Cold-start traces of `split` (default: `data.dataset_train_split`) of `data`'s source as TRL conversational
     prompt-completion rows (see `to_sft_traces`); `limit` caps the rows (default: `data.row_limit(split)`)."""
@@ -192,7 +192,7 @@ def to_problems(
     *,
     question_column: str | None = None,
     answer_column: str | None = None,
-    template: str = "parallel",
+    template: str = DEFAULT_TEMPLATE,
     limit: int | None = None,
     name: str = "dataset",
 ) -> Dataset:
@@ -236,7 +236,7 @@ def to_sft_traces(
     question_column: str | None = None,
     response_column: str | None = None,
     answer_column: str | None = None,
-    template: str = "parallel",
+    template: str = DEFAULT_TEMPLATE,
     only_well_formed: bool = True,
     limit: int | None = None,
     name: str = "dataset",

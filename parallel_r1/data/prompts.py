@@ -37,6 +37,7 @@ _PLAIN = f"""Work through the problem below step by step.
 {_ENDING}"""
 
 TEMPLATES = {"parallel": _PARALLEL, "plain": _PLAIN, "none": ""}
+DEFAULT_TEMPLATE = "parallel"  # the one default: `PromptArguments.prompt_template` and every signature take it
 
 
 def check_template(template: str) -> None:
@@ -45,7 +46,7 @@ def check_template(template: str) -> None:
         raise ValueError(f"unknown prompt template {template!r}; known templates: {', '.join(TEMPLATES)}")
 
 
-def build_prompt(problem: str, template: str = "parallel") -> list[dict]:
+def build_prompt(problem: str, template: str = DEFAULT_TEMPLATE) -> list[dict]:
     """One chat user turn: the template's instruction, PROMPT_MARKER, then the problem (the problem alone for
     `none`)."""
     check_template(template)
