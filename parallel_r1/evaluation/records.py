@@ -17,12 +17,13 @@ from pathlib import Path
 
 from ..answers import extract_answer, extract_reference, is_correct
 from ..durable import AppendLog, read_lines
+from ..rollout.backend import Finish
 from ..tags.language import TagVocab, parse, stats
 
 NO_TAGS = TagVocab(ids={})
 
 
-def score(problem: dict, sample: int, completion_ids: list, finish: str, tokenizer, vocab, concurrent=None) -> dict:
+def score(problem: dict, sample: int, completion_ids: list, finish: Finish, tokenizer, vocab, concurrent=None) -> dict:
     """The record of one completion. `problem` is a `problem_record`; `concurrent`: the paths of a block decoded at
     once (`rollout.arguments.concurrent_paths`; D counts the later ones in full, `language.stats`)."""
     text = tokenizer.decode(completion_ids, skip_special_tokens=True)

@@ -27,6 +27,7 @@ from ..durable import check_settings
 from ..model_settings import saved_eos_ids
 from ..rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling, TransformersBackend, plain_rollouts
 from ..rollout.arguments import concurrent_paths
+from ..rollout.backend import Finish
 from ..rollout.vllm_backend import VLLMBackend
 from ..tags.tokens import has_parallel_tokens, tag_vocab
 from ..versions import versions
@@ -175,7 +176,7 @@ class _CompletionSource:
             return VLLMBackend(llm=self.llm, sampling=sampling)
         return VLLMBackend(client=self.client, sampling=sampling, vocab_size=self.vocab_size)
 
-    def sample(self, prompts: list, seeds: list[int]) -> list:
+    def sample(self, prompts: list, seeds: list[int]) -> list[tuple[list[int], Finish]]:
         """(ids, finish) of one completion per prompt, completion i drawn from `seeds[i]`."""
         import torch
 

@@ -48,7 +48,7 @@ from ..tags.grammar import Grammar, SampledPhase
 from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..tags.tokens import tag_vocab
 from .arguments import ENGINE_MODES, RolloutArguments
-from .backend import Backend, Decoded, Segment
+from .backend import Backend, Decoded, Finish, Segment
 
 SEPARATOR = "\n"  # inserted between </Parallel> and <Summary>
 EnginePhase = Literal[SampledPhase, "done"]  # a completion's phase: one the model samples in, or over
@@ -92,7 +92,7 @@ class Rollout:
     logprobs: list = field(default_factory=list)
     env_mask: list = field(default_factory=list)
     blocks: int = 0
-    finish: str = "length"  # "eos" or "length"
+    finish: Finish = "length"
 
 
 @dataclass
@@ -234,7 +234,7 @@ class ForkJoinEngine:
     def _after_main(self, state: _State, results: list[Decoded]) -> None:
         (decoded,) = results
         self._record(state.rollout, decoded)
-        if decoded.finish == "end":
+        if decoded.finish == "eos":
             state.phase, state.rollout.finish = "done", "eos"
         elif decoded.finish == "length":
             state.phase = "done"
@@ -344,7 +344,7 @@ def plain_decode(
                 submit(1)
                 yield (
                     i,
-                    Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length"),
+                    Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "eos" else "length"),
                 )
     finally:  # after an error, or a caller that stops early: the backend keeps nothing of this call
         for segment in running:
