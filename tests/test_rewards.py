@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from transformers import TrainerState
 from trl.trainer.utils import get_callable_name
 
-from parallel_r1.rewards import REWARDS, get_reward_funcs
+from parallel_r1 import rewards
+from parallel_r1.rewards import REWARDS, Reward, get_reward_funcs, variants
 from parallel_r1.rewards.diversity import MAX_PATH_CHARS, block_self_bleu
 from parallel_r1.tags.language import TAGS, canonical_block
 from parallel_r1.tags.tokens import tag_vocab
@@ -147,6 +148,14 @@ def test_truncated_and_empty_outputs(name, cut, empty):
 
 
 # --------------------------------------------------------------------------- registry
+
+
+def test_every_reward_registers_itself_and_is_importable_by_its_name():
+    """Each `Reward` defined in `variants` is in `REWARDS`, and is `parallel_r1.rewards.<name>`, listed in `__all__`."""
+    defined = {name for name, value in vars(variants).items() if isinstance(value, Reward)}
+    assert defined == set(REWARDS)
+    assert all(getattr(rewards, name, None) is REWARDS[name] for name in REWARDS)
+    assert set(REWARDS) <= set(rewards.__all__)
 
 
 def test_registry_names_are_trl_names():

@@ -17,9 +17,8 @@ import functools
 
 from ..tags.tokens import has_parallel_tokens, tag_vocab
 from .schedules import alternating, switch
-from .variants import ALL, Reward
+from .variants import REWARDS
 
-REWARDS: dict[str, Reward] = {r.name: r for r in ALL}
 SCHEDULES = {"alternating": alternating, "switch": switch}
 
 

@@ -2,12 +2,12 @@
 
 c: the answer is correct; P: blocks opened; F: well-formed; b: self-BLEU of the paths (0..1, see `diversity`);
 g: efficiency (see `completion`). Each reward is a rule on one `Completion`, wrapped by `Reward` into TRL's
-batch signature, and states its range. Math rewards use the ±1 scale, the GSM8K stage 0/1, as the official code.
+batch signature, and states its range; `@reward` registers it in `REWARDS` by the rule's name, where it is defined.
+Math rewards use the ±1 scale, the GSM8K stage 0/1, as the official code.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable
@@ -44,7 +44,7 @@ class Reward:
         return replace(self, vocab=vocab, decode=decode)
 
     def __reduce__(self):  # pickled by name (TRL's async GRPO sends rewards to a child process)
-        return _module_reward, (self.rule.__module__, self.name, self.vocab, self.decode)
+        return _registered, (self.name, self.vocab, self.decode)
 
     def __call__(self, prompts=None, completions=(), completion_ids=None, answer=None, **kwargs) -> list:
         n = len(completions)
@@ -69,13 +69,21 @@ class Reward:
             return None
 
 
-def _module_reward(module: str, name: str, vocab: TagVocab | None, decode: Callable | None) -> Reward:
-    return getattr(importlib.import_module(module), name).with_tags(vocab, decode)
+REWARDS: dict[str, Reward] = {}  # every reward, by name (`reward` adds each one)
+
+
+def _registered(name: str, vocab: TagVocab | None, decode: Callable | None) -> Reward:
+    return REWARDS[name].with_tags(vocab, decode)
 
 
 def reward(low: float, high: float, needs_answer: bool = True):
-    """Make a `Reward` named after the rule function."""
-    return lambda rule: Reward(rule.__name__, rule, low, high, needs_answer)
+    """Make a `Reward` named after the rule function and register it in `REWARDS`."""
+
+    def register(rule: Callable[[Completion], float]) -> Reward:
+        REWARDS[rule.__name__] = Reward(rule.__name__, rule, low, high, needs_answer)
+        return REWARDS[rule.__name__]
+
+    return register
 
 
 def _sign(c: Completion) -> float:
@@ -177,21 +185,3 @@ def well_formed(c: Completion) -> float:
 def parallel(c: Completion) -> float:
     """1 if P >= 1 and F, else 0: its mean is the parallel ratio. For logging (weight 0)."""
     return 1.0 if c.parallel else 0.0
-
-
-ALL = (
-    accuracy,
-    tiered,
-    tiered_emphasis,
-    tiered_diversity,
-    accuracy_times_parallel,
-    accuracy_plus_parallel,
-    accuracy_plus_sqrt_blocks,
-    accuracy_diversity,
-    accuracy_parallel_diversity,
-    parallel_bonus,
-    path_cost,
-    efficiency_bonus,
-    well_formed,
-    parallel,
-)
