@@ -200,8 +200,9 @@ def vllm_gaps(model_dir, steps: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.generation import vllm_generation
 
+    from parallel_r1.configs import ParallelGRPOConfig
     from parallel_r1.data import build_prompt
-    from parallel_r1.trainers.grpo import ParallelGRPOConfig, ParallelGRPOTrainer
+    from parallel_r1.trainers import ParallelGRPOTrainer
 
     vllm_generation.LLM = functools.partial(vllm.LLM, dtype="float32")
     problems = ["What is 2+3?", "Add 4 and 5.", "What is 10-7?", "Compute 6*2."]

@@ -108,7 +108,8 @@ def tag_measures(model_dir: Path, leak_ids: list[int], work: Path) -> dict:
     the tag tokens, the mean probability of the spellings' first pieces there, and each tag's mean probability."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
+    from parallel_r1.configs import ParallelSFTConfig
+    from parallel_r1.trainers import ParallelSFTTrainer
 
     traces = load_sft_traces(SFTDataArguments(dataset_name="parallel_gsm8k_sample"))
     held_out = traces.select(range(TRAIN_TRACES, TRAIN_TRACES + HELD_OUT))

@@ -37,11 +37,12 @@ from bench_common import cpu_machine, write_results
 from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from parallel_r1.configs import ParallelGRPOConfig
 from parallel_r1.data import DataArguments, load_problems
 from parallel_r1.tags.language import TAGS
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny import build_model, build_tokenizer, pin_logits
-from parallel_r1.trainers import ParallelGRPOConfig, ParallelGRPOTrainer
+from parallel_r1.trainers import ParallelGRPOTrainer
 
 logger = logging.getLogger("bench_trainer")
 SUPPRESSION = 20.0  # how far below zero the tags' and EOS's logits are pushed, in units of that coordinate

@@ -55,8 +55,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
     from parallel_r1.training import load_model, load_tokenizer, train_and_save
 
     tokenizer = load_tokenizer(model_args, training_args)
-    steps_per_batch = training_args.optimizer_steps_per_generation  # reward schedules count generations
-    reward_funcs = get_reward_funcs(script_args.reward_funcs, tokenizer=tokenizer, steps_per_batch=steps_per_batch)
+    reward_funcs = get_reward_funcs(script_args.reward_funcs, tokenizer=tokenizer, args=training_args)
     train_dataset = load_split(script_args, training_args, tokenizer, script_args.dataset_train_split)
     eval_dataset = None
     if training_args.eval_strategy != "no" and script_args.dataset_test_split:

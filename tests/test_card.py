@@ -12,10 +12,11 @@ import pytest
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from parallel_r1.configs import ParallelSFTConfig
 from parallel_r1.data import SFTDataArguments, load_sft_traces
 from parallel_r1.rollout import RolloutArguments
 from parallel_r1.tags.tokens import tag_ids
-from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
+from parallel_r1.trainers import ParallelSFTTrainer
 from parallel_r1.trainers.card import eval_command, eval_recipe, hub_id
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from parallel_r1.answers import extract_reference
-from parallel_r1.rewards import REWARDS, get_reward_funcs, registry
+from parallel_r1.rewards import REWARDS, get_reward_funcs
 from parallel_r1.tags.language import TAGS, parse, serialize
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.drills import fuzz
@@ -58,7 +58,7 @@ def test_drill_reports_the_slowest_calls_slowest_first(report):
 
 
 def test_drill_reports_a_value_outside_the_declared_range(monkeypatch, tokenizer):
-    monkeypatch.setitem(registry.REWARDS, "well_formed", replace(REWARDS["well_formed"], rule=lambda c: 2.0))
+    monkeypatch.setitem(REWARDS, "well_formed", replace(REWARDS["well_formed"], rule=lambda c: 2.0))
     report = run_fuzz(5, seed=0, tokenizer=tokenizer)
     assert report.violations == 10 and report.exceptions == 0 and not report.ok
     assert {f.name for f in report.failures} == {"reward well_formed", "reward well_formed [ids]"}
@@ -66,7 +66,7 @@ def test_drill_reports_a_value_outside_the_declared_range(monkeypatch, tokenizer
 
 
 def test_drill_reports_an_exception_the_library_caught_and_logged(monkeypatch, tokenizer):
-    monkeypatch.setitem(registry.REWARDS, "parallel", replace(REWARDS["parallel"], rule=lambda c: 1 / 0))
+    monkeypatch.setitem(REWARDS, "parallel", replace(REWARDS["parallel"], rule=lambda c: 1 / 0))
     report = run_fuzz(3, seed=0, tokenizer=tokenizer)
     assert report.exceptions == 6 and not report.no_exception
     assert any(f.exception and f.problem.startswith("logged: reward parallel failed") for f in report.failures)

@@ -1,12 +1,16 @@
 """The tag grammar: its table, its per-token bans, the masked log-probs, and what the engine samples under it."""
 
+from dataclasses import dataclass
+from typing import get_args
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_helpers import engine, prompts
 
-from parallel_r1.tags.grammar import Grammar, masked_logps
+from parallel_r1.rollout.engine import EnginePhase
+from parallel_r1.tags.grammar import Grammar, Phase, SampledPhase, masked_logps
 from parallel_r1.tags.language import TAGS, TagVocab, parse
 
 P, PC, A, AC, S, SC = TAGS
@@ -29,6 +33,40 @@ def test_the_table():
     assert g.allowed("summary", 0) == {6}  # only </Summary>, no EOS
     assert g.allowed("block", 0) == g.allowed("after_block", 1) == ALL  # inserted by the runtime
     assert g.banned("path", 0) == ALL - {4}
+
+
+def test_the_sampled_phases_are_the_phases_with_a_rule():
+    """`SampledPhase` names exactly the phases of `Phase` where the grammar bans something; in the others the
+    runtime writes the tokens."""
+    g = grammar()
+    ruled = {phase for phase in get_args(Phase) if g.allowed(phase, 0) != frozenset(g.controlled)}
+    assert ruled == set(get_args(SampledPhase))
+
+
+@dataclass(frozen=True)
+class _Recording:
+    """A grammar that records the phases it is asked about."""
+
+    grammar: Grammar
+    asked: set
+
+    def __getattr__(self, name):
+        return getattr(self.grammar, name)
+
+    def allowed(self, phase, blocks):
+        self.asked.add(phase)
+        return self.grammar.allowed(phase, blocks)
+
+
+def test_the_engine_samples_in_every_sampled_phase_and_no_other(tag_prone):
+    """The engine's phases are the grammar's sampled phases and "done": a run with width decisions segments in each
+    of the sampled phases, under its own spelling, and in nothing else."""
+    assert get_args(EnginePhase) == (*get_args(SampledPhase), "done")
+    sampler = engine(tag_prone, min_paths=2, max_paths=3, max_completion_length=200)
+    sampler.grammar = _Recording(sampler.grammar, set())
+    rollouts = sampler.generate(prompts(tag_prone[2]))
+    assert any(r.blocks for r in rollouts)
+    assert sampler.grammar.asked == set(get_args(SampledPhase))
 
 
 def test_phases_follow_the_engine_layout():

@@ -21,7 +21,7 @@ from parallel_r1.tags.grammar import Grammar, masked_logps
 from parallel_r1.tags.language import TAGS, parse
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny_grpo import arithmetic_dataset, length_reward, tiny_grpo_config, tiny_grpo_trainer
-from parallel_r1.trainers.grpo import ParallelGRPOTrainer
+from parallel_r1.trainers import ParallelGRPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -1,6 +1,7 @@
 """The tag language: parsing, the validity rules with their reasons, serialization, stats."""
 
 import json
+from typing import get_args
 
 import pytest
 from hypothesis import given, settings
@@ -10,10 +11,12 @@ from parallel_r1.data import DATA_DIR
 from parallel_r1.tags.language import (
     TAGS,
     Block,
+    ParserState,
     TagVocab,
     Text,
     canonical_block,
     parse,
+    parser_states,
     serialize,
     stats,
     strip_tags,
@@ -199,12 +202,22 @@ def test_well_formed_completions_are_recognised(case):
     assert stats(parsed).paths_per_block == shape
 
 
+ID_VOCAB = TagVocab(ids={tag: i for i, tag in enumerate(TAGS)}, blank_ids=frozenset({6}))
+
+
 @given(st.lists(st.integers(0, 12), max_size=40))
 @settings(max_examples=300, deadline=None)
 def test_any_id_sequence_parses_and_round_trips(ids):
-    vocab = TagVocab(ids={tag: i for i, tag in enumerate(TAGS)}, blank_ids=frozenset({6}))
-    parsed = parse(ids, vocab)
-    assert serialize(parsed, vocab) == tuple(ids)
+    parsed = parse(ids, ID_VOCAB)
+    assert serialize(parsed, ID_VOCAB) == tuple(ids)
+    assert set(parser_states(ids, ID_VOCAB)) <= set(get_args(ParserState))  # no state but the named ones
+
+
+def test_one_block_reaches_every_named_parser_state():
+    """`ParserState` names no state the parser never reaches: a block with its summary goes through them all."""
+    # x <Parallel> <Path> x </Path> <Path> x </Path> </Parallel> space <Summary> x </Summary> x
+    ids = [7, 0, 2, 7, 3, 2, 7, 3, 1, 6, 4, 7, 5, 7]
+    assert set(parser_states(ids, ID_VOCAB)) == set(get_args(ParserState))
 
 
 SPACES = [" ", "\n", "\t", "\r\n", "\u00a0", "\u2003", "\u3000", "\u200b", " \u00a0 "]

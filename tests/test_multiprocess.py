@@ -34,15 +34,12 @@ from launches import GLOBAL_BATCH_4, Launches, complete, step_logs, weights_diff
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from parallel_r1.configs import ParallelGRPOConfig
 from parallel_r1.tags.language import TAGS
 from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny_grpo import tiny_grpo_config
-from parallel_r1.trainers.grpo import (
-    ParallelGRPOConfig,
-    ParallelGRPOTrainer,
-    _without_zero3_step_hook,
-    check_zero3_generation,
-)
+from parallel_r1.trainers import ParallelGRPOTrainer
+from parallel_r1.trainers.grpo import _without_zero3_step_hook, check_zero3_generation
 
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1"]
 SETUPS = {

@@ -239,7 +239,7 @@ def test_s2_alternates_by_generation_as_scripts_grpo_builds_it(name):
     from types import SimpleNamespace
 
     script_args, args, _ = parse(grpo_parser, RECIPES / "grpo" / f"{name}.yaml")
-    (schedule,) = get_reward_funcs(script_args.reward_funcs, steps_per_batch=args.optimizer_steps_per_generation)
+    (schedule,) = get_reward_funcs(script_args.reward_funcs, args=args)
     used = []
     schedule.a = lambda *a, **k: used.append("accuracy") or [0.0]
     schedule.b = lambda *a, **k: used.append("tiered") or [0.0]

@@ -11,15 +11,15 @@ from trl import ModelConfig, get_peft_config
 from parallel_r1.cold_start import ColdStartConfig
 from parallel_r1.configs import (
     GRPOScriptArguments,
-    SFTDataArguments,
+    ParallelGRPOConfig,
+    ParallelSFTConfig,
     cold_start_parser,
     eval_parser,
     grpo_parser,
     sft_parser,
 )
-from parallel_r1.data import load_sft_traces
+from parallel_r1.data import SFTDataArguments, load_sft_traces
 from parallel_r1.evaluation import EvaluationConfig
-from parallel_r1.trainers import ParallelGRPOConfig, ParallelSFTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

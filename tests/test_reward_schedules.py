@@ -6,6 +6,7 @@ import pytest
 from transformers import TrainerState
 
 from parallel_r1.rewards import REWARDS, alternating, get_reward_funcs, paper_step, switch
+from parallel_r1.testing.tiny_grpo import tiny_grpo_config
 
 # One completion that every reward of these schedules scores differently: correct, with a well-formed block.
 PARALLEL = "<Parallel><Path>a</Path><Path>b</Path></Parallel>\n<Summary>c</Summary>Final Answer: 18"
@@ -90,9 +91,11 @@ def test_resume_from_a_checkpoint_gives_the_same_rewards(tmp_path):
     assert straight.count(1.2) == 4  # steps 9, 10, 19, 20 before the switch
 
 
-def test_several_optimizer_steps_per_batch():
-    """With 2 optimizer steps per generated batch, rewards are computed at global steps 0, 2, 4, ..."""
-    (schedule,) = get_reward_funcs([S2], steps_per_batch=2)
+def test_several_optimizer_steps_per_batch(tmp_path):
+    """With 2 optimizer steps per generated batch (the run's config), rewards are computed at global steps 0, 2, ..."""
+    run = tiny_grpo_config(tmp_path, num_iterations=2)
+    assert run.optimizer_steps_per_generation == 2
+    (schedule,) = get_reward_funcs([S2], args=run)
     values = [call(schedule, state_at(s, steps_per_batch=2)) for s in range(1, 21)]
     assert values == [1.2 if s in (9, 10, 19, 20) else 1.0 for s in range(1, 21)]
 

@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from transformers import TrainerState
 from trl.trainer.utils import get_callable_name
 
-from parallel_r1.rewards import REWARDS, get_reward_funcs
+from parallel_r1 import rewards
+from parallel_r1.rewards import REWARDS, Reward, get_reward_funcs, variants
 from parallel_r1.rewards.diversity import MAX_PATH_CHARS, block_self_bleu
 from parallel_r1.tags.language import TAGS, canonical_block
 from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.tiny_grpo import tiny_grpo_config
 
 GOLD = "18"
 SAME = "add the two numbers together"  # two equal paths: self-BLEU 1
@@ -74,6 +76,15 @@ def test_variant_table(name, correct, shape, expected):
 
 def test_every_registered_reward_is_tested_or_has_its_own_test():
     assert set(REWARDS) == set(TABLE) | {"efficiency_bonus"}
+
+
+def test_path_cost_charges_the_paths_past_the_runs_min_paths(tmp_path):
+    """Built for a run (its config, whole), `path_cost` charges 0.1 for each path past the run's `min_paths`: the
+    paths every block gets are free."""
+    run = tiny_grpo_config(tmp_path, min_paths=3, max_paths=4)
+    (cost,) = get_reward_funcs(["path_cost"], args=run)
+    three = canonical_block([SAME] * 3, "a") + " Final Answer: 18"
+    assert cost(completions=[three, completion("wide", True)]) == pytest.approx([0.0, -0.1])  # blocks of 4 and 3
 
 
 def test_self_bleu_of_the_test_paths():
@@ -149,6 +160,14 @@ def test_truncated_and_empty_outputs(name, cut, empty):
 # --------------------------------------------------------------------------- registry
 
 
+def test_every_reward_registers_itself_and_is_importable_by_its_name():
+    """Each `Reward` defined in `variants` is in `REWARDS`, and is `parallel_r1.rewards.<name>`, listed in `__all__`."""
+    defined = {name for name, value in vars(variants).items() if isinstance(value, Reward)}
+    assert defined == set(REWARDS)
+    assert all(getattr(rewards, name, None) is REWARDS[name] for name in REWARDS)
+    assert set(REWARDS) <= set(rewards.__all__)
+
+
 def test_registry_names_are_trl_names():
     funcs = get_reward_funcs(list(REWARDS))
     assert [get_callable_name(f) for f in funcs] == list(REWARDS)
@@ -156,10 +175,11 @@ def test_registry_names_are_trl_names():
     assert get_reward_funcs([custom]) == [custom]
 
 
-def test_rewards_and_schedules_survive_pickling(tiny_tokenizer):
+def test_rewards_and_schedules_survive_pickling(tiny_tokenizer, tmp_path):
     """TRL's async GRPO sends reward functions to a child process."""
     specs = [*REWARDS, "switch(alternating(accuracy, tiered, window=10, a_steps=8), accuracy, at_step=200)"]
-    funcs = get_reward_funcs(specs, tokenizer=tiny_tokenizer, steps_per_batch=2)
+    run = tiny_grpo_config(tmp_path, num_iterations=2, min_paths=3, max_paths=4)
+    funcs = get_reward_funcs(specs, tokenizer=tiny_tokenizer, args=run)
     copies = pickle.loads(pickle.dumps(funcs))
     assert [get_callable_name(f) for f in copies] == [get_callable_name(f) for f in funcs]
     texts = [completion(shape, ok) for shape in ("none", "block", "diverse") for ok in (True, False)]
@@ -169,6 +189,7 @@ def test_rewards_and_schedules_survive_pickling(tiny_tokenizer):
     for original, copy in zip(funcs, copies):
         assert copy(**kwargs) == original(**kwargs)
     assert copies[-1].steps_per_batch == 2 and copies[0].vocab == tag_vocab(tiny_tokenizer)
+    assert all(copy.min_paths == 3 for copy in copies[:-1])
 
 
 @pytest.mark.parametrize(

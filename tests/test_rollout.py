@@ -1,11 +1,13 @@
 """The fork-join engine on the transformers backend: exact, masked, budgeted, any K."""
 
+from typing import get_args
+
 import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
-from parallel_r1.rollout import EngineTokens, RolloutArguments, Segment
-from parallel_r1.rollout.backend import finish_segment
+from parallel_r1.rollout import EngineTokens, RolloutArguments, Sampling, Segment, TransformersBackend
+from parallel_r1.rollout.backend import SegmentFinish, finish_segment
 from parallel_r1.tags.language import PARALLEL_OPEN, parse
 
 
@@ -167,8 +169,8 @@ def test_config_is_checked():
     "sampled, segment, tokens, finish, forced",
     [
         ([5, 6, 9], dict(stop_ids={9}), [5, 6, 9], "stop", False),
-        ([5, 2], dict(end_ids={2}), [5, 2], "end", False),
-        ([5, 2], dict(end_ids={2}, closer=9), [5, 2], "end", False),
+        ([5, 2], dict(end_ids={2}), [5, 2], "eos", False),
+        ([5, 2], dict(end_ids={2}, closer=9), [5, 2], "eos", False),
         ([5, 6, 7], dict(closer=9), [5, 6, 7, 9], "length", True),
         ([5, 6, 7], dict(), [5, 6, 7], "length", False),
     ],
@@ -178,8 +180,28 @@ def test_segment_rules(sampled, segment, tokens, finish, forced):
         stream=None, max_new=3, **{k: frozenset(v) if isinstance(v, set) else v for k, v in segment.items()}
     )
     out = finish_segment(spec, sampled, [-0.5] * len(sampled))
-    assert out.tokens == tokens and out.finish == finish
+    assert out.tokens == tokens and out.finish == finish and finish in get_args(SegmentFinish)
     assert out.sampled[-1] is (not forced) and len(out.logprobs) == len(tokens)
+
+
+def test_the_transformers_backend_ends_a_segment_with_a_segment_finish(tag_prone):
+    """The transformers backend's finishes are `SegmentFinish`'s spelling: "eos" on an end id, "stop" on a stop id,
+    "length" when the budget runs out (each first token forced by an allow-list)."""
+    _, model, tokenizer, _ = tag_prone
+    backend = TransformersBackend(model, Sampling(seed=0))
+    eos, stop = tokenizer.eos_token_id, 7
+    streams = backend.start(prompts(tokenizer)[:3])
+    segments = [
+        Segment(streams[0], max_new=4, end_ids=frozenset({eos}), only=frozenset({eos})),
+        Segment(streams[1], max_new=4, stop_ids=frozenset({stop}), only=frozenset({stop})),
+        Segment(streams[2], max_new=2),
+    ]
+    backend.submit(segments)
+    ended = {}
+    while len(ended) < len(segments):
+        ended.update(backend.step())
+    assert [ended[s].finish for s in segments] == ["eos", "stop", "length"]
+    assert {decoded.finish for decoded in ended.values()} <= set(get_args(SegmentFinish))
 
 
 def test_a_separator_that_is_not_whitespace_is_refused(tag_prone):

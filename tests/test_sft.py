@@ -16,11 +16,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
+from parallel_r1.configs import ParallelSFTConfig
 from parallel_r1.data import SFTDataArguments, load_sft_traces
 from parallel_r1.tags.language import TAGS, Block, parse
 from parallel_r1.tags.tokens import tag_ids
 from parallel_r1.testing.tiny import build_model, build_tokenizer
-from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
+from parallel_r1.trainers import ParallelSFTTrainer
 from parallel_r1.trainers.sft import IGNORE, completion_starts
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,11 +7,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations import unset_hf_deepspeed_config
 from trl import ModelConfig, get_peft_config
 
+from parallel_r1.configs import ParallelSFTConfig
 from parallel_r1.data import SFTDataArguments, load_sft_traces
 from parallel_r1.tags.tokens import tag_ids
 from parallel_r1.testing.tiny import build_model, build_tokenizer
 from parallel_r1.testing.tiny_grpo import tiny_grpo_config, tiny_grpo_trainer
-from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
+from parallel_r1.trainers import ParallelSFTTrainer
 from parallel_r1.trainers.tag_rate import TagRate
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -127,8 +127,9 @@ def test_sft_trains_the_tree_policy(tiny_dir, tmp_path):
     completion tokens under the tree forward, and a step runs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from parallel_r1.configs import ParallelSFTConfig
     from parallel_r1.data import SFTDataArguments, load_sft_traces
-    from parallel_r1.trainers import ParallelSFTConfig, ParallelSFTTrainer
+    from parallel_r1.trainers import ParallelSFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype="float32")

@@ -1,6 +1,7 @@
 """Rewards for Parallel-R1: every variant of the paper, as TRL reward functions chosen by name.
 
-- `variants`: the rewards (docs/paper.md, the rewards) and `Reward`, the wrapper that gives a rule TRL's signature.
+- `variants`: the rewards (docs/paper.md, the rewards), `Reward`, the wrapper that gives a rule TRL's signature, and
+  `REWARDS`, where each reward registers itself; every one is importable from here by its name.
 - `schedules`: `alternating` and `switch`, which pick a reward by the step in `trainer_state`.
 - `registry`: `get_reward_funcs(specs)`, from the names and schedule calls recipes write.
 - `completion`, `diversity`: what the rules read (answer correct, blocks, well-formed, self-BLEU, efficiency).
@@ -18,45 +19,20 @@ divided by the group's total spread, which correct/wrong answers dominate. `test
 checks both through TRL's own code.
 """
 
-from .registry import REWARDS, SCHEDULES, get_reward_funcs
+from .registry import SCHEDULES, get_reward_funcs
 from .schedules import Schedule, alternating, paper_step, switch
-from .variants import (
-    Reward,
-    accuracy,
-    accuracy_diversity,
-    accuracy_parallel_diversity,
-    accuracy_plus_parallel,
-    accuracy_plus_sqrt_blocks,
-    accuracy_times_parallel,
-    efficiency_bonus,
-    parallel,
-    parallel_bonus,
-    tiered,
-    tiered_diversity,
-    tiered_emphasis,
-    well_formed,
-)
+from .variants import REWARDS, Reward
+
+globals().update(REWARDS)  # each reward under its name: `from parallel_r1.rewards import accuracy`
 
 __all__ = [
     "REWARDS",
     "SCHEDULES",
     "Reward",
     "Schedule",
-    "accuracy",
-    "accuracy_diversity",
-    "accuracy_parallel_diversity",
-    "accuracy_plus_parallel",
-    "accuracy_plus_sqrt_blocks",
-    "accuracy_times_parallel",
     "alternating",
-    "efficiency_bonus",
     "get_reward_funcs",
     "paper_step",
-    "parallel",
-    "parallel_bonus",
     "switch",
-    "tiered",
-    "tiered_diversity",
-    "tiered_emphasis",
-    "well_formed",
+    *REWARDS,
 ]

@@ -9,6 +9,7 @@ structure when no ids are given (external text, a tokenizer without the tags).
 - `blocks` (P): the blocks the completion opens, well-formed or not; `well_formed` (F): `language.parse` finds
   no error; `parallel`: P >= 1 and F (the paper's parallel-ratio event).
 - `self_bleu`: how alike the paths are (`diversity.self_bleu`, on the paths' decoded text).
+- `min_paths`: the run's, the paths every block gets (`Reward.min_paths`).
 - `efficiency`: g = max((T - V) / T, 0) of a parallel completion, T its total length and V its critical path
   (`language.stats`), 0 for any other. Units: tokens for an id parse, characters for a text parse.
 """
@@ -16,7 +17,7 @@ structure when no ids are given (external text, a tokenizer without the tags).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..answers import is_correct
@@ -48,6 +49,7 @@ class Completion:
     ids: list | tuple | None = None
     vocab: TagVocab | None = None
     decode: Callable | None = None  # ids -> text, to read the paths of an id parse
+    min_paths: int = field(kw_only=True)
 
     @cached_property
     def correct(self) -> bool:

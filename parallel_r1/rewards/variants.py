@@ -2,18 +2,18 @@
 
 c: the answer is correct; P: blocks opened; F: well-formed; b: self-BLEU of the paths (0..1, see `diversity`);
 g: efficiency (see `completion`). Each reward is a rule on one `Completion`, wrapped by `Reward` into TRL's
-batch signature, and states its range. Math rewards use the ±1 scale, the GSM8K stage 0/1, as the official code.
+batch signature, and states its range; `@reward` registers it in `REWARDS` by the rule's name, where it is defined.
+Math rewards use the ±1 scale, the GSM8K stage 0/1, as the official code.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..tags.language import TagVocab
+from ..tags.language import MIN_PATHS, TagVocab
 from .completion import Completion, completion_text
 
 logger = logging.getLogger(__name__)
@@ -35,16 +35,18 @@ class Reward:
     needs_answer: bool = True
     vocab: TagVocab | None = None  # the tokenizer's tags: completions are read from their ids
     decode: Callable | None = None  # the tokenizer's ids -> text, for the paths' text
+    min_paths: int = MIN_PATHS  # the run's: the paths every block gets (the least a block holds, outside a run)
 
     @property
     def __name__(self) -> str:  # TRL names the reward's metrics after it
         return self.name
 
-    def with_tags(self, vocab: TagVocab | None, decode: Callable | None) -> Reward:
-        return replace(self, vocab=vocab, decode=decode)
+    def bound(self, vocab: TagVocab | None, decode: Callable | None, min_paths: int) -> Reward:
+        """This reward for one run: its tokenizer's tags and decoding, its `min_paths`."""
+        return replace(self, vocab=vocab, decode=decode, min_paths=min_paths)
 
     def __reduce__(self):  # pickled by name (TRL's async GRPO sends rewards to a child process)
-        return _module_reward, (self.rule.__module__, self.name, self.vocab, self.decode)
+        return _registered, (self.name, self.vocab, self.decode, self.min_paths)
 
     def __call__(self, prompts=None, completions=(), completion_ids=None, answer=None, **kwargs) -> list:
         n = len(completions)
@@ -57,7 +59,7 @@ class Reward:
                 f"reward '{self.name}': {n} completions but {len(answers)} answers and {len(ids)} id lists"
             )
         return [
-            self.score(Completion(completion_text(c), a, i, self.vocab, self.decode))
+            self.score(Completion(completion_text(c), a, i, self.vocab, self.decode, min_paths=self.min_paths))
             for c, a, i in zip(completions, answers, ids)
         ]
 
@@ -69,13 +71,21 @@ class Reward:
             return None
 
 
-def _module_reward(module: str, name: str, vocab: TagVocab | None, decode: Callable | None) -> Reward:
-    return getattr(importlib.import_module(module), name).with_tags(vocab, decode)
+REWARDS: dict[str, Reward] = {}  # every reward, by name (`reward` adds each one)
+
+
+def _registered(name: str, vocab: TagVocab | None, decode: Callable | None, min_paths: int) -> Reward:
+    return REWARDS[name].bound(vocab, decode, min_paths)
 
 
 def reward(low: float, high: float, needs_answer: bool = True):
-    """Make a `Reward` named after the rule function."""
-    return lambda rule: Reward(rule.__name__, rule, low, high, needs_answer)
+    """Make a `Reward` named after the rule function and register it in `REWARDS`."""
+
+    def register(rule: Callable[[Completion], float]) -> Reward:
+        REWARDS[rule.__name__] = Reward(rule.__name__, rule, low, high, needs_answer)
+        return REWARDS[rule.__name__]
+
+    return register
 
 
 def _sign(c: Completion) -> float:
@@ -150,9 +160,10 @@ def accuracy_parallel_diversity(c: Completion) -> float:
 
 @reward(-math.inf, 0.0, needs_answer=False)
 def path_cost(c: Completion) -> float:
-    """-0.1 for each path beyond the second of every block: a price on width, for runs where the model chooses it
-    (min_paths < max_paths); summed with `accuracy`, a third path pays when it turns a wrong answer right 1 time in 20."""
-    return -0.1 * sum(max(len(block.paths) - 2, 0) for block in c.parsed.blocks)
+    """-0.1 for each path of a block beyond the run's min_paths (those the model chose to add): a price on width, for
+    runs where the model chooses it (min_paths < max_paths); summed with `accuracy`, an added path pays when it turns
+    a wrong answer right 1 time in 20."""
+    return -0.1 * sum(max(len(block.paths) - c.min_paths, 0) for block in c.parsed.blocks)
 
 
 @reward(0.0, 0.5, needs_answer=False)
@@ -177,21 +188,3 @@ def well_formed(c: Completion) -> float:
 def parallel(c: Completion) -> float:
     """1 if P >= 1 and F, else 0: its mean is the parallel ratio. For logging (weight 0)."""
     return 1.0 if c.parallel else 0.0
-
-
-ALL = (
-    accuracy,
-    tiered,
-    tiered_emphasis,
-    tiered_diversity,
-    accuracy_times_parallel,
-    accuracy_plus_parallel,
-    accuracy_plus_sqrt_blocks,
-    accuracy_diversity,
-    accuracy_parallel_diversity,
-    parallel_bonus,
-    path_cost,
-    efficiency_bonus,
-    well_formed,
-    parallel,
-)

@@ -35,11 +35,14 @@ finishes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 _MASK64 = (1 << 64) - 1
+
+SegmentFinish = Literal["stop", "eos", "length"]  # a segment's end: a stop id, an end id (EOS) or its budget
+Finish = Literal["eos", "length"]  # a completion's end: its EOS or its length cap (the segment finishes that end one)
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Segment:
     """One stream to continue (compared and hashed by identity: `step` returns the very objects submitted).
 
     Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` or
-    `end_ids` (kept; finish "stop" or "end"). When the budget runs out first, the `closer` (if any) is
+    `end_ids` (kept; finish "stop" or "eos"). When the budget runs out first, the `closer` (if any) is
     appended as an inserted token. `banned` tokens are never sampled (their probability is 0); with `only`,
     nothing but those ids is (an allow-list over the whole vocabulary).
     """
@@ -74,13 +77,13 @@ class Segment:
 
 @dataclass
 class Decoded:
-    """What a segment produced. `sampled[i]` is False for a forced closer (its log-prob is 0.0). `finish` is "stop",
-    "end" or "length" once the segment has ended ("running" while a backend is still decoding it)."""
+    """What a segment produced. `sampled[i]` is False for a forced closer (its log-prob is 0.0). `finish` is a
+    `SegmentFinish` once the segment has ended ("running" while a backend is still decoding it)."""
 
     tokens: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     sampled: list = field(default_factory=list)
-    finish: str = "length"  # "stop", "end" or "length"
+    finish: Literal[SegmentFinish, "running"] = "length"
 
 
 class Backend(Protocol):
@@ -111,7 +114,7 @@ def finish_segment(segment: Segment, tokens: list[int], logprobs: list[float]) -
     out = Decoded(tokens=tokens, logprobs=logprobs, sampled=[True] * len(tokens))
     last = tokens[-1] if tokens else None
     if last in segment.stop_ids or last in segment.end_ids:
-        out.finish = "stop" if last in segment.stop_ids else "end"
+        out.finish = "stop" if last in segment.stop_ids else "eos"
         return out
     if segment.closer is not None:
         tokens.append(segment.closer)

@@ -5,7 +5,7 @@ Each completion moves through its phases on its own schedule: as soon as the seg
 go to the backend, which decodes them beside whatever other completions are doing:
 
     main     decode until <Parallel> or EOS
-    paths    min_paths paths, each = context + <Path> (inserted), decoded until </Path>;
+    path     min_paths paths, each = context + <Path> (inserted), decoded until </Path>;
              a path cut by its budget is closed with an inserted </Path>
     decide   (only while min_paths <= paths < max_paths) the model writes one token, <Path> or </Parallel>
              (`Grammar.decision_ids`, nothing else allowed): <Path> opens one more path, decoded as above from
@@ -37,20 +37,21 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from tqdm.auto import tqdm
 
 from ..structure import PROBE
-from ..tags.grammar import Grammar
+from ..tags.grammar import Grammar, SampledPhase
 from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..tags.tokens import tag_vocab
 from .arguments import ENGINE_MODES, RolloutArguments
-from .backend import Backend, Decoded, Segment
+from .backend import Backend, Decoded, Finish, Segment
 
 SEPARATOR = "\n"  # inserted between </Parallel> and <Summary>
+EnginePhase = Literal[SampledPhase, "done"]  # a completion's phase: one the model samples in, or over
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,14 @@ class Rollout:
     logprobs: list = field(default_factory=list)
     env_mask: list = field(default_factory=list)
     blocks: int = 0
-    finish: str = "length"  # "eos" or "length"
+    finish: Finish = "length"
 
 
 @dataclass
 class _State:
     rollout: Rollout
     stream: object
-    phase: str = "main"  # main, paths, decide, summary, done
+    phase: EnginePhase = "main"
     parent: object = None  # fork: the stream through the block's <Parallel>
     children: list = field(default_factory=list)  # fork: the block's paths so far
     decoding: list = field(default_factory=list)  # fork: the paths being decoded now
@@ -135,9 +136,9 @@ class ForkJoinEngine:
         self.separator = list(tokens.separator_ids)
         self.fork = config.rollout_mode == "fork"
         self.isolated = config.attention == "isolated"
-        self._after = {
+        self._after: dict[SampledPhase, Callable[[_State, list[Decoded]], None]] = {
             "main": self._after_main,
-            "paths": self._after_paths,
+            "path": self._after_path,
             "decide": self._after_decide,
             "summary": self._after_summary,
         }
@@ -193,7 +194,7 @@ class ForkJoinEngine:
             self.backend.submit(segments)
 
     # -- what each phase asks the backend
-    def _segment(self, stream, phase: str, blocks: int, max_new: int, closer: int | None = None) -> Segment:
+    def _segment(self, stream, phase: SampledPhase, blocks: int, max_new: int, closer: int | None = None) -> Segment:
         """Decode `stream` in `phase`: the grammar's allowed tags stop it, its allowed EOS ends it, the rest is banned."""
         allowed = self.grammar.allowed(phase, blocks)
         eos = self.grammar.eos_ids
@@ -212,7 +213,7 @@ class ForkJoinEngine:
         room = cfg.max_completion_length - len(rollout.completion_ids)
         if state.phase == "main":
             return [self._segment(state.stream, "main", rollout.blocks, room)]
-        if state.phase == "paths":
+        if state.phase == "path":
             budget = max(1, min(cfg.max_path_tokens, room - 1))
             streams = state.decoding if self.fork else [state.stream]
             return [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
@@ -233,7 +234,7 @@ class ForkJoinEngine:
     def _after_main(self, state: _State, results: list[Decoded]) -> None:
         (decoded,) = results
         self._record(state.rollout, decoded)
-        if decoded.finish == "end":
+        if decoded.finish == "eos":
             state.phase, state.rollout.finish = "done", "eos"
         elif decoded.finish == "length":
             state.phase = "done"
@@ -248,9 +249,9 @@ class ForkJoinEngine:
                     self.backend.append(child, opener)
             else:
                 self.backend.append(state.stream, opener)
-            state.phase = "paths"
+            state.phase = "path"
 
-    def _after_paths(self, state: _State, results: list[Decoded]) -> None:
+    def _after_path(self, state: _State, results: list[Decoded]) -> None:
         for decoded in results:
             if state.paths < self.config.min_paths:  # the runtime opened it; the model opens the later ones
                 self._insert(state.rollout, [self.tag[PATH_OPEN]])
@@ -282,7 +283,7 @@ class ForkJoinEngine:
             self.backend.append(child, [token])
             state.children.append(child)
             state.decoding = [child]
-        state.phase = "paths"
+        state.phase = "path"
 
     def _close_block(self, state: _State, closer: list[int]) -> None:
         """Insert `closer` (the runtime's </Parallel>, or nothing after the model's), the separator and <Summary>."""
@@ -343,7 +344,7 @@ def plain_decode(
                 submit(1)
                 yield (
                     i,
-                    Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "end" else "length"),
+                    Rollout(list(prompts[i]), decoded.tokens, finish="eos" if decoded.finish == "eos" else "length"),
                 )
     finally:  # after an error, or a caller that stops early: the backend keeps nothing of this call
         for segment in running:

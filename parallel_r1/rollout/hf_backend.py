@@ -428,7 +428,7 @@ def _emit(segment: Segment, out: Decoded, token: int, logprob: float) -> list[in
     closer when the budget ends the segment). `out.finish` is "running" while the segment goes on."""
     _add(out, token, logprob, True)
     if token in segment.end_ids:
-        out.finish = "end"
+        out.finish = "eos"
     elif token in segment.stop_ids:
         out.finish = "stop"
     elif len(out.tokens) == segment.max_new:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
+from typing import Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -40,10 +41,14 @@ from .language import (
     PARALLEL_OPEN,
     PATH_CLOSE,
     SUMMARY_CLOSE,
+    ParserState,
     TagVocab,
     decision_points,
     parser_states,
 )
+
+Phase = Literal[ParserState, "decide"]  # where a completion is before a token: a parser state, or a width decision
+SampledPhase = Literal["main", "path", "decide", "summary"]  # the phases where the model samples (the rest: inserted)
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class Grammar:
         """The two ids a width decision may take: `<Path>` and `</Parallel>`."""
         return frozenset(self.vocab.ids[tag] for tag in DECISION_TAGS)
 
-    def allowed(self, phase: str, blocks: int) -> frozenset:
+    def allowed(self, phase: Phase, blocks: int) -> frozenset:
         """The controlled ids that may be sampled in `phase` after `blocks` blocks were opened."""
         tag = self.vocab.ids
         if phase == "main":
@@ -77,14 +82,14 @@ class Grammar:
             return self.decision_ids
         return frozenset(self.controlled)  # written by the runtime: no ban
 
-    def banned(self, phase: str, blocks: int) -> frozenset:
+    def banned(self, phase: Phase, blocks: int) -> frozenset:
         return frozenset(self.controlled) - self.allowed(phase, blocks)
 
-    def only(self, phase: str) -> frozenset | None:
+    def only(self, phase: Phase) -> frozenset | None:
         """The ids that alone may be sampled in `phase` (an allow-list over the whole vocabulary), or None."""
         return self.decision_ids if phase == "decide" else None
 
-    def phases(self, completion_ids) -> list:
+    def phases(self, completion_ids) -> list[tuple[Phase, int]]:
         """(phase, blocks opened) before each token of a completion; a width decision's phase is "decide"."""
         opener = self.vocab.ids[PARALLEL_OPEN]
         decisions = set(decision_points(completion_ids, self.vocab, self.min_paths, self.max_paths))

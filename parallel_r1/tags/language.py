@@ -30,8 +30,10 @@ completion is well-formed when the list is empty. The rules are the official tag
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 
 PARALLEL_OPEN = "<Parallel>"
 PARALLEL_CLOSE = "</Parallel>"
@@ -44,6 +46,7 @@ MIN_PATHS = 2
 DECISION_TAGS = (PATH_OPEN, PARALLEL_CLOSE)  # what the model may write where it chooses a block's width
 
 Content = str | tuple  # text, or a tuple of token ids
+ParserState = Literal["main", "block", "path", "after_block", "summary"]  # where a completion is (see `_Parser`)
 BLANK = frozenset(" \t\n\r\f\v")
 _TAG_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
 
@@ -170,9 +173,9 @@ def parse(completion: str | list | tuple, vocab: TagVocab | None = None) -> Pars
     return _run(completion, vocab)
 
 
-def parser_states(completion_ids, vocab: TagVocab) -> list[str]:
-    """The parser's state before each token: main, block, path, after_block or summary (see `_Parser`)."""
-    trace: list = []
+def parser_states(completion_ids, vocab: TagVocab) -> list[ParserState]:
+    """The parser's state before each token (see `_Parser`)."""
+    trace: list[ParserState] = []
     _run(list(completion_ids), vocab, trace)
     return trace
 
@@ -199,7 +202,7 @@ def decision_points(completion_ids, vocab: TagVocab, min_paths: int, max_paths: 
     return points
 
 
-def _run(completion, vocab, trace: list | None = None) -> Parsed:
+def _run(completion, vocab, trace: list[ParserState] | None = None) -> Parsed:
     if isinstance(completion, str):
         return _Parser(is_ids=False, blank=is_blank).run(_units_from_text(completion), trace)
     if vocab is None:
@@ -218,11 +221,11 @@ class _Parser:
         self.nodes: list = []
         self.errors: list = []
         self.pos = 0
-        self.state = "main"
+        self.state: ParserState = "main"
         self.block: Block | None = None
         self.after_summary = False  # only whitespace since the last closed summary
         self.run_start = 0  # where the current run of non-tag units began
-        self.step = {  # the handler of each state
+        self.step: dict[ParserState, Callable] = {  # the handler of each state
             "main": self.in_main,
             "block": self.in_block,
             "path": self.in_path,
@@ -243,7 +246,7 @@ class _Parser:
             return
         self.errors.append(FormatError(code, at, message))
 
-    def run(self, units, trace: list | None = None) -> Parsed:
+    def run(self, units, trace: list[ParserState] | None = None) -> Parsed:
         for unit, tag in units:
             if trace is not None:
                 trace.append(self.state)

@@ -1,6 +1,6 @@
 """Thin TRL trainer subclasses that wire the tag language and the isolated structure into training."""
 
-from .grpo import ParallelGRPOConfig, ParallelGRPOTrainer
-from .sft import ParallelSFTConfig, ParallelSFTTrainer
+from .grpo import ParallelGRPOTrainer
+from .sft import ParallelSFTTrainer
 
-__all__ = ["ParallelGRPOConfig", "ParallelGRPOTrainer", "ParallelSFTConfig", "ParallelSFTTrainer"]
+__all__ = ["ParallelGRPOTrainer", "ParallelSFTTrainer"]

@@ -5,7 +5,7 @@ From one SFT model (trained on blocks of 2, 3 and 4 attempts, `task.varied_width
 same budget differ only in their reward or their problems:
 
 - `hard, accuracy`: accuracy alone on the hard problems: a wider block is a larger vote, and costs nothing;
-- `hard, accuracy + cost`: `path_cost` too (-0.1 for each path beyond the second);
+- `hard, accuracy + cost`: `path_cost` too (-0.1 for each path beyond min_paths, the second);
 - `easy, accuracy + cost`: the same reward on the easy problems, where one attempt is already right most of the time.
 
 What each run logs at every logged step (`parallel/paths_per_block`, `parallel/openings_alike`, the accuracy reward)
