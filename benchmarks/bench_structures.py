@@ -148,14 +148,15 @@ def resident_kib(field: str) -> int:
 
 
 def forward_rows(variant: str, model, vocab, ids, start, device, passes: int, grad: bool = True) -> dict:
+    from parallel_r1.rollout.arguments import ParallelArguments
     from parallel_r1.structure import IsolatedForward, TreeForward
 
     ids = ids.to(device)
     mask = torch.ones_like(ids)
     forward = {
         "causal": model,
-        "isolated": IsolatedForward(model, vocab, start),
-        "tree": TreeForward(model, vocab, start),
+        "isolated": IsolatedForward(model, vocab, start, ParallelArguments()),
+        "tree": TreeForward(model, vocab, start, ParallelArguments()),
         "isolated-flex": FlexIsolatedForward(model, vocab, start),
     }[variant]
     tokens = int(mask.sum())

@@ -110,13 +110,12 @@ class ParallelPolicy:
         the model itself) and, given the sampling `temperature`, scored under the grammar the sampler obeyed.
         `completion_start`: where the completions start, one for all rows or one per row (SFT)."""
         settings = self.settings
-        widths = (settings.min_paths, settings.max_paths)
         if settings.attention != "causal" and self.vocab is None:
             tag_ids(self.tokenizer)  # raises, naming the missing tags
         if settings.attention == "isolated":
-            model = IsolatedForward(model, self.vocab, completion_start, *widths)
+            model = IsolatedForward(model, self.vocab, completion_start, settings)
         elif settings.attention == "tree":
-            model = TreeForward(model, self.vocab, completion_start, *widths)
+            model = TreeForward(model, self.vocab, completion_start, settings)
         if temperature is not None and self.grammar is not None:
             model = GrammarForward(model, self.grammar, completion_start, temperature)
         return model

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from .tags.grammar import masked_logps
-from .tags.language import MIN_PATHS, PATH_CLOSE, Block, TagVocab, Text, decision_points, parse
+from .tags.language import PATH_CLOSE, Block, TagVocab, Text, decision_points, parse
 
 SUPPORTED_ATTENTION = ("sdpa",)
 PROBE = PATH_CLOSE  # the token a width decision's probe reads (the sampler's `Backend.probe` reads the same)
@@ -76,10 +76,11 @@ def completion_layout(completion_ids, vocab: TagVocab) -> Layout:
     return Layout(offsets, block_of, path_of)
 
 
-def probes(completion_ids, vocab: TagVocab, min_paths: int, max_paths: int) -> list[tuple[int, int]]:
-    """(decision index, probe offset) of each width decision of one completion: the probe predicts the token at
-    that index, at that offset from the completion's first position (isolated layout)."""
-    points = decision_points(completion_ids, vocab, min_paths, max_paths)
+def probes(completion_ids, vocab: TagVocab, widths) -> list[tuple[int, int]]:
+    """(decision index, probe offset) of each width decision of one completion (`language.decision_points` of
+    `widths`): the probe predicts the token at that index, at that offset from the completion's first position
+    (isolated layout)."""
+    points = decision_points(completion_ids, vocab, widths)
     if not points:
         return []
     offsets, out = completion_layout(completion_ids, vocab).offsets, []
@@ -147,14 +148,12 @@ class IsolatedForward:
     column `completion_start[i]`, or at `completion_start` for every row). The trainers pass it where TRL
     calls the model; the caller's batch keeps its 2-D attention mask, which TRL also reads elsewhere.
 
-    When the rows hold width decisions (`min_paths < max_paths`) each decision's probe is appended to its row and
-    predicts it, as `TreeForward`'s copies do (`PickedForward`); the answer has the shape of the rows given."""
+    When the rows hold width decisions (`widths`, the run's settings: `min_paths < max_paths`) each decision's
+    probe is appended to its row and predicts it, as `TreeForward`'s copies do (`PickedForward`); the answer has
+    the shape of the rows given."""
 
-    def __init__(
-        self, model, vocab: TagVocab, completion_start: torch.Tensor | int, min_paths=MIN_PATHS, max_paths=MIN_PATHS
-    ):
-        self.model, self.vocab, self.completion_start = model, vocab, completion_start
-        self.min_paths, self.max_paths = min_paths, max_paths
+    def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int, widths):
+        self.model, self.vocab, self.completion_start, self.widths = model, vocab, completion_start, widths
 
     def __call__(self, input_ids, attention_mask, **kwargs):
         structure = isolated_inputs(input_ids, attention_mask, self.completion_start, self.vocab)
@@ -167,7 +166,7 @@ class IsolatedForward:
 
     def _probes(self, input_ids, attention_mask) -> list:
         """Per row: (column predicting the decision, probe position) of each decision."""
-        if self.min_paths >= self.max_paths:
+        if self.widths.min_paths >= self.widths.max_paths:
             return [[] for _ in range(input_ids.size(0))]
         starts = self.completion_start
         if isinstance(starts, int):
@@ -178,7 +177,7 @@ class IsolatedForward:
             columns = [c for c in valid if c >= int(starts[row])]
             completion = input_ids[row, columns].tolist()
             first = sum(1 for c in valid if c < int(starts[row]))  # the completion's first position
-            points = probes(completion, self.vocab, self.min_paths, self.max_paths)
+            points = probes(completion, self.vocab, self.widths)
             found.append([(columns[d - 1], first + offset) for d, offset in points])
         return found
 
@@ -311,14 +310,15 @@ class TreeRow:
     source: list  # per token q of the row as written: the extended index whose logits predict token q + 1
 
 
-def tree_row(ids, completion_start: int, vocab: TagVocab, min_paths=MIN_PATHS, max_paths=MIN_PATHS) -> TreeRow:
-    """The tree layout of one unpadded row (prompt + completion, the completion from `completion_start`)."""
+def tree_row(ids, completion_start: int, vocab: TagVocab, widths) -> TreeRow:
+    """The tree layout of one unpadded row (prompt + completion, the completion from `completion_start`); its width
+    decisions are those of `widths` (the run's settings, `language.decision_points`)."""
     n = len(ids)
     ext_ids, positions, copy, sees_through = list(ids), list(range(n)), [-1] * n, [-1] * n
     source = list(range(n))
     copies = 0
     completion = list(ids[completion_start:])
-    decisions = set(decision_points(completion, vocab, min_paths, max_paths))
+    decisions = set(decision_points(completion, vocab, widths))
     for block in parse(completion, vocab).blocks:
         opener = completion_start + block.start
         for path in block.paths[1:]:
@@ -357,11 +357,8 @@ class TreeForward:
     would on those ids: each column's logits are those that predict the next token of the original row under the
     tree policy (for a path token: from its isolated copy)."""
 
-    def __init__(
-        self, model, vocab: TagVocab, completion_start: torch.Tensor | int, min_paths=MIN_PATHS, max_paths=MIN_PATHS
-    ):
-        self.model, self.vocab, self.completion_start = model, vocab, completion_start
-        self.min_paths, self.max_paths = min_paths, max_paths
+    def __init__(self, model, vocab: TagVocab, completion_start: torch.Tensor | int, widths):
+        self.model, self.vocab, self.completion_start, self.widths = model, vocab, completion_start, widths
 
     def extra_tokens(self, input_ids, attention_mask) -> int:
         """Tokens the copies add to these rows (the layout's cost)."""
@@ -378,7 +375,7 @@ class TreeForward:
             start = int(starts[r])
             in_prompt = sum(1 for c in valid if c < start)
             ids = input_ids[r, valid].tolist()
-            rows.append(tree_row(ids, in_prompt, self.vocab, self.min_paths, self.max_paths))
+            rows.append(tree_row(ids, in_prompt, self.vocab, self.widths))
             columns.append(valid)
         return rows, columns
 

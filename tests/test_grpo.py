@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, TrainerCallback
 
 from parallel_r1.data import build_prompt
 from parallel_r1.rewards import get_reward_funcs
+from parallel_r1.rollout.arguments import ParallelArguments
 from parallel_r1.structure import isolated_inputs
 from parallel_r1.tags.grammar import Grammar, masked_logps
 from parallel_r1.tags.language import TAGS, parse
@@ -76,7 +77,7 @@ def test_chosen_widths_train_exactly_and_log_their_width(tmp_path, tag_prone_dir
     decisions, widths = 0, []
     for ids, mask, tools in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"]):
         real = ids[mask.bool()].tolist()
-        for i in decision_points(real, vocab, 2, 4):
+        for i in decision_points(real, vocab, ParallelArguments(min_paths=2, max_paths=4)):
             assert tools[i] == 1
             decisions += 1
         widths += [len(block.paths) for block in parse(real, vocab).blocks]
@@ -135,7 +136,7 @@ def test_isolated_log_probs_are_the_structure_forward(tmp_path, tag_prone_dir, d
         logits = trainer.model(input_ids=ids, **structure).logits[:, -width - 1 : -1].float()
         plain = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float()
     real = batch["completion_mask"].bool()
-    grammar = Grammar(vocab, frozenset({trainer.processing_class.eos_token_id}), trainer.args.max_blocks)
+    grammar = Grammar(vocab, frozenset({trainer.processing_class.eos_token_id}), trainer.args.max_blocks, 2, 2)
     bans = torch.zeros((*real.shape, len(grammar.controlled)), dtype=torch.bool)
     for row, m in enumerate(real):
         bans[row, m] = grammar.masks(batch["completion_ids"][row, m].tolist())[0]

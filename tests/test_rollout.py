@@ -7,6 +7,7 @@ import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
 from parallel_r1.rollout import EngineTokens, RolloutArguments, Sampling, Segment, TransformersBackend
+from parallel_r1.rollout.arguments import ParallelArguments
 from parallel_r1.rollout.backend import SegmentFinish, finish_segment
 from parallel_r1.tags.language import PARALLEL_OPEN, parse
 
@@ -262,7 +263,7 @@ def _decisions(rollouts, vocab, widths) -> dict:
 
     counts = {"more": 0, "close": 0}
     for r in rollouts:
-        for i in decision_points(r.completion_ids, vocab, *widths):
+        for i in decision_points(r.completion_ids, vocab, ParallelArguments(min_paths=widths[0], max_paths=widths[1])):
             assert r.env_mask[i] == 1 and r.logprobs[i] < 0.0  # sampled, scored
             counts["more" if r.completion_ids[i] == vocab.ids[PATH_OPEN] else "close"] += 1
     return counts

@@ -4,6 +4,7 @@ import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
 
+from parallel_r1.rollout.arguments import ParallelArguments
 from parallel_r1.structure import TreeForward, tree_mask, tree_row
 from parallel_r1.tags.language import (
     PARALLEL_CLOSE,
@@ -15,6 +16,9 @@ from parallel_r1.tags.language import (
     parse,
 )
 
+FIXED = ParallelArguments()  # 2 paths a block
+CHOSEN = ParallelArguments(min_paths=2, max_paths=4)
+
 
 def test_the_layout_copies_every_later_path_at_the_positions_it_was_sampled_at(tag_prone):
     _, _, tokenizer, vocab = tag_prone
@@ -23,7 +27,7 @@ def test_the_layout_copies_every_later_path_at_the_positions_it_was_sampled_at(t
     prompt = [x, y]
     completion = [a, tag[PARALLEL_OPEN], tag[PATH_OPEN], b, tag[PATH_CLOSE], tag[PATH_OPEN], c, c, tag[PATH_CLOSE],
                   tag[PATH_OPEN], a, tag[PATH_CLOSE], tag[PARALLEL_CLOSE], tag[SUMMARY_OPEN], b, tag[SUMMARY_CLOSE]]  # fmt: skip
-    row = tree_row(prompt + completion, len(prompt), vocab)
+    row = tree_row(prompt + completion, len(prompt), vocab, FIXED)
     opener = 3  # x y a <Parallel>
     second, third = range(7, 11), range(11, 14)  # in-line columns of the 2nd and 3rd paths
     assert row.ids[18:] == [row.ids[i] for i in [*second, *third]]  # the copies, after the row as written
@@ -76,9 +80,9 @@ def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
         ids.append([pad] * left + r.prompt_ids + r.completion_ids + [pad] * right)
         mask.append([0] * left + [1] * (len(r.prompt_ids) + len(r.completion_ids)) + [0] * right)
     ids, mask = torch.tensor(ids), torch.tensor(mask)
-    rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), 4)
+    rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), 4, 2, 2)
     with torch.no_grad():
-        batch = GrammarForward(TreeForward(model, vocab, prompt_width), rule, prompt_width, 1.0)(ids, mask).log_probs
+        batch = GrammarForward(TreeForward(model, vocab, prompt_width, FIXED), rule, prompt_width, 1.0)(ids, mask).log_probs
     for row, r in zip(batch, rollouts):
         sampled = torch.tensor(r.env_mask).bool()
         alone = trainer_logprobs(tag_prone, r, "tree")
@@ -112,7 +116,7 @@ def test_a_later_path_is_scored_without_the_earlier_ones(tag_prone):
     def logps(sequence):  # log-prob of token i at index i - 1
         tensor = torch.tensor([sequence])
         with torch.no_grad():
-            logits = TreeForward(model, vocab, start)(tensor, torch.ones_like(tensor)).logits[0, :-1].float()
+            logits = TreeForward(model, vocab, start, FIXED)(tensor, torch.ones_like(tensor)).logits[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, tensor[0, 1:, None]).squeeze(-1)
 
     before, after = logps(ids), logps(changed)
@@ -142,7 +146,9 @@ def test_sft_trains_the_tree_policy(tiny_dir, tmp_path):
         loss = trainer.compute_loss(trainer.model, batch)
         labels = batch["labels"]
         starts = (labels != -100).int().argmax(-1)
-        logits = TreeForward(model, trainer.policy.vocab, starts)(batch["input_ids"], batch["attention_mask"]).logits
+        logits = TreeForward(model, trainer.policy.vocab, starts, FIXED)(
+            batch["input_ids"], batch["attention_mask"]
+        ).logits
     logps = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]
     in_loss = labels[:, 1:] != -100
     torch.testing.assert_close(loss, -(logps * in_loss).sum() / in_loss.sum(), atol=1e-5, rtol=1e-5)
@@ -167,8 +173,8 @@ def test_the_tree_forward_reaches_the_head_through_a_distributed_wrapper(tag_pro
 
     start = len(rollout.prompt_ids)
     with torch.no_grad():
-        plain = TreeForward(model, vocab, start)(ids, torch.ones_like(ids)).logits
-        wrapped = TreeForward(Wrapped(model), vocab, start)(ids, torch.ones_like(ids)).logits
+        plain = TreeForward(model, vocab, start, FIXED)(ids, torch.ones_like(ids)).logits
+        wrapped = TreeForward(Wrapped(model), vocab, start, FIXED)(ids, torch.ones_like(ids)).logits
     assert torch.equal(plain, wrapped)
 
 
@@ -187,7 +193,7 @@ def test_the_models_own_logit_processing_applies(tiny_tokenizer):
     ids = torch.tensor([tiny_tokenizer.encode("What is two plus two? It is four.", add_special_tokens=False)])
     with torch.no_grad():
         own = model(input_ids=ids).logits
-        tree = TreeForward(model, tag_vocab(tiny_tokenizer), 3)(ids, torch.ones_like(ids)).logits
+        tree = TreeForward(model, tag_vocab(tiny_tokenizer), 3, FIXED)(ids, torch.ones_like(ids)).logits
     assert own.abs().max() <= 0.5  # softcapped
     torch.testing.assert_close(tree, own, atol=1e-5, rtol=0)
 
@@ -202,10 +208,10 @@ def test_a_chosen_path_opened_after_whitespace_is_decided_in_line(tag_prone):
     P, PC, A, AC, S, SC = (vocab.ids[t] for t in TAGS)
     newline, x, y = tokenizer.encode("\n", add_special_tokens=False)[0], 300, 301
     completion = [x, P, A, x, AC, A, y, AC, newline, A, x, y, AC, PC, newline, S, x, SC]
-    assert decision_points(completion, vocab, 2, 4) == [9, 13]  # the model's <Path> (after the newline), </Parallel>
+    assert decision_points(completion, vocab, CHOSEN) == [9, 13]  # the model's <Path> (after the newline), </Parallel>
     prompt = [x, y]
-    row = tree_row(prompt + completion, len(prompt), vocab, 2, 4)
+    row = tree_row(prompt + completion, len(prompt), vocab, CHOSEN)
     at = len(prompt) + 9
     assert row.source[at - 1] == at - 1  # the decision: in line, after the newline that follows both paths
-    fixed = tree_row(prompt + completion, len(prompt), vocab, 3, 3)
+    fixed = tree_row(prompt + completion, len(prompt), vocab, ParallelArguments(min_paths=3, max_paths=3))
     assert fixed.source[at - 1] >= len(prompt + completion)  # a runtime <Path>: from the third path's copy

@@ -37,7 +37,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .language import (
     DECISION_TAGS,
-    MIN_PATHS,
     PARALLEL_OPEN,
     PATH_CLOSE,
     SUMMARY_CLOSE,
@@ -56,8 +55,8 @@ class Grammar:
     vocab: TagVocab
     eos_ids: frozenset
     max_blocks: int
-    min_paths: int = MIN_PATHS
-    max_paths: int = MIN_PATHS  # equal: the width is fixed, no decision
+    min_paths: int
+    max_paths: int  # equal to min_paths: the width is fixed, no decision
 
     @cached_property
     def controlled(self) -> tuple:
@@ -92,7 +91,7 @@ class Grammar:
     def phases(self, completion_ids) -> list[tuple[Phase, int]]:
         """(phase, blocks opened) before each token of a completion; a width decision's phase is "decide"."""
         opener = self.vocab.ids[PARALLEL_OPEN]
-        decisions = set(decision_points(completion_ids, self.vocab, self.min_paths, self.max_paths))
+        decisions = set(decision_points(completion_ids, self.vocab, self))
         out, blocks = [], 0
         for i, (token, state) in enumerate(zip(completion_ids, parser_states(completion_ids, self.vocab))):
             out.append(("decide" if i in decisions else state, blocks))

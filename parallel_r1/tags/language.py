@@ -180,12 +180,14 @@ def parser_states(completion_ids, vocab: TagVocab) -> list[ParserState]:
     return trace
 
 
-def decision_points(completion_ids, vocab: TagVocab, min_paths: int, max_paths: int) -> list[int]:
+def decision_points(completion_ids, vocab: TagVocab, widths) -> list[int]:
     """Where the model chooses a block's width: the index of the first token that is not whitespace after the
-    `</Path>` of a block's k-th path with `min_paths <= k < max_paths`. The model writes one of `DECISION_TAGS`
+    `</Path>` of a block's k-th path with `min_paths <= k < max_paths` (read from `widths`, the run's settings
+    whole: any object with `min_paths` and `max_paths`, such as `rollout.ParallelArguments` or a `Grammar`). The model writes one of `DECISION_TAGS`
     there: `<Path>` opens path k + 1, `</Parallel>` ends the block. The engine writes no whitespace between the tags,
     so in a rollout it is the token right after `</Path>`; in a trace it may follow a newline. Empty when
     `min_paths == max_paths` (every width is fixed)."""
+    min_paths, max_paths = widths.min_paths, widths.max_paths
     if min_paths >= max_paths:
         return []
     closer, opener, points, closed, pending = vocab.ids[PATH_CLOSE], vocab.ids[PARALLEL_OPEN], [], 0, False
