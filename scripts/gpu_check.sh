@@ -2,7 +2,7 @@
 # make gpu-check: what only a CUDA machine can check, in one command (about 10 minutes on one GPU).
 #
 #   1. install: from the wheels in wheels/ when there are any (a GPU node with no package index; fill it on a
-#      machine with one, see README "GPU check"), else from the index; the project itself runs from this folder;
+#      machine with one, see docs/gpu-check.md), else from the index; the project itself runs from this folder;
 #   2. the tests marked gpu (tests/test_gpu.py): the engine against the training forward in fp32 and bf16, the
 #      isolated and tree forwards on CUDA against the CPU, one bf16 SFT and GRPO step of the tiny recipes;
 #   3. the rollout benchmark on CUDA (13M and Qwen3-4B shapes), and the training-forward memory benchmark at 4096
