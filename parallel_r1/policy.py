@@ -10,8 +10,9 @@ trained.
 A `ParallelPolicy` holds the settings whole (`RolloutArguments`; SFT's `ParallelArguments`, which sample nothing)
 and reads from the tokenizer, once, what both sides need: the tag ids, the ids that end a completion, and the tag
 grammar that the sampler obeys and the training forward re-applies. The trainers, the evaluation and its
-in-training callback, `sampling.ParallelSampler` (`scripts/generate.py`) and the cold start's teachers all sample,
-score or measure through it; `shape_metrics` is the one place the shape of a set of completions is summed up, for
+in-training callback and `sampling.ParallelSampler` (`scripts/generate.py`) sample, score and measure through it;
+the cold start's teachers, which are other models, build their backends with it (`backend`, `load_for_sampling`,
+`load_llm`); `shape_metrics` is the one place the shape of a set of completions is summed up, for
 the training logs and the evaluation tables alike.
 """
 
@@ -150,16 +151,18 @@ def shape_metrics(shapes: list[dict]) -> dict:
     """The shape of a set of completions (`ParallelPolicy.shape` of each), for the training logs and the evaluation
     tables: parallel ratio, format validity, blocks per completion, paths per block (mean, min and max over the
     blocks; all three 0 when no completion has a block), the share of blocks whose paths open alike, the mean
-    self-BLEU of the completions with a closed block (0 without any), the mean relative block position, mean T and
-    D, and D/T (sum over sum; 1 without tokens)."""
+    self-BLEU of the completions with a closed block (0 without any; None, not measured, when a shape lacks it: an
+    evaluation record written before it was kept), the mean relative block position, mean T and D, and D/T (sum
+    over sum; 1 without tokens)."""
     if not shapes:
         raise ValueError("no completions to measure")
     count, blocks = len(shapes), sum(s["blocks"] for s in shapes)
     total, critical = sum(s["tokens_total"] for s in shapes), sum(s["tokens_critical"] for s in shapes)
     widths = [n for s in shapes for n in s["paths_per_block"]]
     positions = [p for s in shapes for p in s["block_positions"]]
-    bleu = [s["self_bleu"] for s in shapes if s.get("self_bleu") is not None]  # older records hold neither
-    alike = sum(s.get("alike_blocks", 0) for s in shapes)  # this count nor self-BLEU
+    bleu = [s["self_bleu"] for s in shapes if s.get("self_bleu") is not None]
+    measured = all("self_bleu" in s for s in shapes)
+    alike = sum(s.get("alike_blocks", 0) for s in shapes)  # records older than the count hold none
     return {
         "parallel_ratio": sum(bool(s["has_parallel"]) for s in shapes) / count,
         "format_valid": sum(bool(s["well_formed"]) for s in shapes) / count,
@@ -168,7 +171,7 @@ def shape_metrics(shapes: list[dict]) -> dict:
         "paths_per_block_min": min(widths, default=0),
         "paths_per_block_max": max(widths, default=0),
         "openings_alike": alike / blocks if blocks else 0.0,
-        "self_bleu": sum(bleu) / len(bleu) if bleu else 0.0,
+        "self_bleu": (sum(bleu) / len(bleu) if bleu else 0.0) if measured else None,
         "block_position": sum(positions) / len(positions) if positions else 0.0,
         "tokens_total": total / count,
         "tokens_critical": critical / count,

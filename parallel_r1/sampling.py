@@ -31,9 +31,9 @@ class ParallelSampler:
         model_path: str,
         temperature: float = 1.0,
         seed: int = 0,
+        device: str | None = None,
         top_p: float = 1.0,
         backend: BackendArguments | None = None,
-        device: str | None = None,
         **overrides,
     ):
         from .cli import check_model_path

@@ -140,3 +140,30 @@ def test_in_training_evaluation_prompts_with_the_runs_template(tmp_path, tag_pro
     for prompt in prompts:
         instruction, marker, problem = prompt[-1]["content"].rpartition(PROMPT_MARKER)
         assert marker and prompt == build_prompt(problem, "plain") != build_prompt(problem, "parallel")
+
+
+def test_records_written_before_self_bleu_was_kept_read_as_not_measured(tiny_tokenizer):
+    """An evaluation folder from an older version resumes: its records lack `self_bleu`, which is then None (not
+    measured), never a mean over the newer records alone; the table shows it as '-'."""
+    from parallel_r1.evaluation.report import shape_table
+
+    policy = ParallelPolicy(tiny_tokenizer, RolloutArguments())
+    new = policy.shape(completions(tiny_tokenizer)["blocks"])
+    old = {k: v for k, v in new.items() if k not in ("self_bleu", "alike_blocks")}
+    assert shape_metrics([new])["self_bleu"] > 0 and shape_metrics([old, new])["self_bleu"] is None
+    assert shape_metrics([old])["openings_alike"] == 0.0
+    row = {"label": "m", "benchmarks": {"b": {**shape_metrics([old, new]), "cons@1": 1.0, "samples": 1}}}
+    assert "| - |" in shape_table([row])
+
+
+def test_a_reward_name_is_registered_once():
+    from parallel_r1.rewards import REWARDS
+    from parallel_r1.rewards.variants import reward
+
+    def accuracy(c):
+        return 0.0
+
+    before = REWARDS["accuracy"]
+    with pytest.raises(ValueError, match="registered already"):
+        reward(0.0, 1.0)(accuracy)
+    assert REWARDS["accuracy"] is before

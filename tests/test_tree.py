@@ -82,7 +82,9 @@ def test_a_padded_batch_scores_as_its_rows_do(tag_prone):
     ids, mask = torch.tensor(ids), torch.tensor(mask)
     rule = Grammar(vocab, frozenset({tokenizer.eos_token_id}), 4, 2, 2)
     with torch.no_grad():
-        batch = GrammarForward(TreeForward(model, vocab, prompt_width, FIXED), rule, prompt_width, 1.0)(ids, mask).log_probs
+        batch = GrammarForward(TreeForward(model, vocab, prompt_width, FIXED), rule, prompt_width, 1.0)(
+            ids, mask
+        ).log_probs
     for row, r in zip(batch, rollouts):
         sampled = torch.tensor(r.env_mask).bool()
         alone = trainer_logprobs(tag_prone, r, "tree")

@@ -27,6 +27,7 @@ from ..durable import check_settings
 from ..model_settings import saved_eos_ids
 from ..policy import ParallelPolicy
 from ..rollout import RolloutArguments, Sampling
+from ..tags.tokens import has_parallel_tokens
 from ..versions import versions
 from . import records as rec
 from .config import EvaluationConfig
@@ -48,10 +49,9 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     config = config.with_model_settings(path, model_args.model_revision)  # what it leaves unset: the model's
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
     eos = saved_eos_ids(tokenizer, path, model_args.model_revision)
-    try:
-        policy = ParallelPolicy(tokenizer, RolloutArguments.from_fields(config), eos)
-    except ValueError as error:
-        raise ValueError(f"{path}: {error}; use rollout_mode='plain' to evaluate it") from None
+    if config.rollout_mode != "plain" and not has_parallel_tokens(tokenizer):
+        raise ValueError(f"{path} has no parallel tags in its tokenizer: use rollout_mode='plain' to evaluate it")
+    policy = ParallelPolicy(tokenizer, RolloutArguments.from_fields(config), eos)
     if config.backend != "transformers" and state.num_processes > 1:
         raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
     if state.is_main_process:

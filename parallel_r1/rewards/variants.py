@@ -12,6 +12,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from importlib import import_module
 
 from ..tags.language import MIN_PATHS, TagVocab
 from .completion import Completion, completion_text
@@ -46,7 +47,7 @@ class Reward:
         return replace(self, vocab=vocab, decode=decode, min_paths=min_paths)
 
     def __reduce__(self):  # pickled by name (TRL's async GRPO sends rewards to a child process)
-        return _registered, (self.name, self.vocab, self.decode, self.min_paths)
+        return _registered, (self.rule.__module__, self.name, self.vocab, self.decode, self.min_paths)
 
     def __call__(self, prompts=None, completions=(), completion_ids=None, answer=None, **kwargs) -> list:
         n = len(completions)
@@ -74,14 +75,17 @@ class Reward:
 REWARDS: dict[str, Reward] = {}  # every reward, by name (`reward` adds each one)
 
 
-def _registered(name: str, vocab: TagVocab | None, decode: Callable | None, min_paths: int) -> Reward:
+def _registered(module: str, name: str, vocab: TagVocab | None, decode: Callable | None, min_paths: int) -> Reward:
+    import_module(module)  # registers the rewards defined there (a user's own module too)
     return REWARDS[name].bound(vocab, decode, min_paths)
 
 
 def reward(low: float, high: float, needs_answer: bool = True):
-    """Make a `Reward` named after the rule function and register it in `REWARDS`."""
+    """Make a `Reward` named after the rule function and register it in `REWARDS`; a name taken is refused."""
 
     def register(rule: Callable[[Completion], float]) -> Reward:
+        if rule.__name__ in REWARDS:
+            raise ValueError(f"a reward named {rule.__name__!r} is registered already: give the rule another name")
         REWARDS[rule.__name__] = Reward(rule.__name__, rule, low, high, needs_answer)
         return REWARDS[rule.__name__]
 

@@ -130,8 +130,8 @@ class VLLMArguments:
     vllm_enforce_eager: bool = field(default=False, metadata={"help": "Offline vLLM: no CUDA graphs."})
 
 
-Backend = Literal["transformers", "vllm", "server"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
+BackendName = Literal["transformers", "vllm", "server"]
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 
 
 @document_parameters
@@ -139,7 +139,7 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 class BackendArguments(VLLMArguments):
     """What decodes outside training (evaluation, generation): transformers, an offline vLLM or a vLLM server."""
 
-    backend: Backend = field(
+    backend: BackendName = field(
         default="transformers",
         metadata={
             "help": "'transformers' (CPU or GPU, data-parallel under accelerate), 'vllm' (an offline vllm.LLM) or "

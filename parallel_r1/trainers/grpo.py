@@ -297,7 +297,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         ]
         shapes = gather_object([self.policy.shape(ids) for ids in completions])
         metrics = self._metrics[mode]
-        for name, value in shape_metrics(shapes).items():
+        for name, value in shape_metrics(shapes).items():  # every shape here has its self-BLEU
             metrics[f"parallel/{name.removeprefix('parallel_')}"].append(value)
         if self.args.attention == "tree":
             copied = [
