@@ -40,7 +40,6 @@ class ParallelSampler:
 
         check_model_path(model_path)
         self.policy = ParallelPolicy.from_pretrained(model_path, **overrides)
-        self.settings, self.tokenizer = self.policy.settings, self.policy.tokenizer
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
         self.backend = self.policy.open_backend(model_path, backend or BackendArguments(), sampling, device=device)
 
@@ -48,13 +47,14 @@ class ParallelSampler:
         """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""
         import torch
 
-        prompts = [prompt_ids(self.tokenizer, build_prompt(p, self.settings.prompt_template)) for p in problems]
+        tokenizer, template = self.policy.tokenizer, self.policy.settings.prompt_template
+        prompts = [prompt_ids(tokenizer, build_prompt(p, template)) for p in problems]
         with torch.no_grad():
             return self.policy.rollouts(self.backend, prompts)
 
     def text(self, rollout, color: bool = False) -> str:
         """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""
-        text = self.tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
+        text = self.policy.tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
         return highlight(text) if color else text
 
 
