@@ -59,11 +59,11 @@ def cli() -> None:
 
     parser = sft_parser()
     script_args, training_args, model_args = parser.parse_args_and_config()
-    from parallel_r1.training import release_process_group, setup_logging
+    from parallel_r1.training import exit_launched_process, setup_logging
 
     setup_logging(training_args)
     trainer = main(script_args, training_args, model_args, parser.recipe)  # the model card names the recipe
-    release_process_group(trainer)
+    exit_launched_process(trainer)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ class Launch:
     def __init__(self, command: list, log: Path):
         self.log = log
         with log.open("wb") as out:
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+            # PYTHONFAULTHANDLER: a launch that crashes prints every thread's Python stack into its log
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1"}
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
