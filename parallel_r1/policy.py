@@ -108,7 +108,8 @@ class ParallelPolicy:
 
     def training_forward(self, model, completion_start, temperature: float | None = None):
         """`model` called on the run's structure (`attention`: isolated and tree rebuild it from the ids; causal is
-        the model itself) and, given the sampling `temperature`, scored under the grammar the sampler obeyed.
+        the model itself) and, given the sampling `temperature`, scored under the grammar the sampler obeyed, a
+        summary's tokens at the run's `summary_temperature`.
         `completion_start`: where the completions start, one for all rows or one per row (SFT)."""
         settings = self.settings
         if settings.attention != "causal" and self.vocab is None:
@@ -118,7 +119,7 @@ class ParallelPolicy:
         elif settings.attention == "tree":
             model = TreeForward(model, self.vocab, completion_start, settings)
         if temperature is not None and self.grammar is not None:
-            model = GrammarForward(model, self.grammar, completion_start, temperature)
+            model = GrammarForward(model, self.grammar, completion_start, temperature, settings.summary_temperature)
         return model
 
     # ------------------------------------------------------------------ shapes

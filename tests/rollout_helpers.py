@@ -34,11 +34,13 @@ def prompts(tokenizer):
     return [tokenizer.encode(q, add_special_tokens=False) for q in QUESTIONS]
 
 
-def trainer_logprobs(setup, rollout, attention, max_blocks=4, grammar=True, widths=(2, 2)):
+def trainer_logprobs(
+    setup, rollout, attention, max_blocks=4, grammar=True, widths=(2, 2), temperature=1.0, summary_temperature=None
+):
     """The log-probs the trainer computes from the ids alone, with the trainer's own forward: structure (for
     `attention`: "isolated", "tree", "causal"; True and False mean "isolated" and "causal") and grammar (for this
-    `max_blocks` and `widths`, min and max paths) recomputed from the ids. `grammar=False`: the raw model
-    distribution."""
+    `max_blocks` and `widths`, min and max paths) recomputed from the ids, at `temperature` (a summary's tokens at
+    `summary_temperature`, when set). `grammar=False`: the raw model distribution."""
     _, model, tokenizer, vocab = setup
     attention = {True: "isolated", False: "causal"}.get(attention, attention)
     ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids], device=model.device)
@@ -48,7 +50,8 @@ def trainer_logprobs(setup, rollout, attention, max_blocks=4, grammar=True, widt
     forward = model if forward is None else forward(model, vocab, start, rule)
     with torch.no_grad():
         if grammar:
-            return GrammarForward(forward, rule, start, temperature=1.0)(ids, torch.ones_like(ids)).log_probs[0]
+            scored = GrammarForward(forward, rule, start, temperature, summary_temperature)
+            return scored(ids, torch.ones_like(ids)).log_probs[0]
         logits = forward(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
     logprobs = torch.log_softmax(logits[start - 1 : -1], -1)
     return logprobs.gather(-1, torch.tensor(rollout.completion_ids, device=model.device)[:, None]).squeeze(-1)

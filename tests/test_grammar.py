@@ -84,7 +84,7 @@ def test_phases_follow_the_engine_layout():
 def test_the_ban_mask_and_violations():
     g = grammar(max_blocks=1)
     ids = [TEXT, 1, 3, TEXT, 5, 4, 3, EOS, 4, 2, 9, 5, TEXT, 6, 1, EOS]
-    bans, _ = g.masks(ids)
+    bans, _, _ = g.masks(ids)
     assert bans.shape == (len(ids), len(g.controlled))
     column = {token: j for j, token in enumerate(g.controlled)}
     assert not bans[0, column[1]]  # <Parallel> allowed before the first block
@@ -132,7 +132,7 @@ def test_masked_logps_renormalise_a_decision_over_its_two_ids():
 @given(st.lists(st.integers(0, 9), max_size=40), st.integers(0, 3))
 def test_violations_are_the_banned_entries_of_the_matrix(ids, max_blocks):
     g = grammar(max_blocks)
-    bans, _ = g.masks(ids)
+    bans, _, _ = g.masks(ids)
     column = {token: j for j, token in enumerate(g.controlled)}
     expected = [i for i, t in enumerate(ids) if t in column and bool(bans[i, column[t]])]
     assert g.violations(ids) == expected

@@ -64,6 +64,16 @@ def test_training_steps_log_shapes_and_an_exact_sampler(tmp_path, tag_prone_dir,
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def test_a_summary_temperature_is_sampled_and_trained_exactly(tmp_path, tag_prone_dir, dataset):
+    """The summary drawn at its own temperature and scored at it: the sampler's log-probs stay the trainer's."""
+    args = config(tmp_path, temperature=0.9, summary_temperature=0.5, max_blocks=1)
+    trainer = tiny_grpo_trainer(tag_prone_dir, args, dataset, [length_reward])
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "parallel/ratio" in entry]
+    assert max(entry["parallel/blocks_per_completion"] for entry in logs) > 0
+    assert all(entry["sampling/sampling_logp_difference/max"] < 1e-4 for entry in logs)
+
+
 @pytest.mark.parametrize("attention", ["isolated", "tree"])
 def test_chosen_widths_train_exactly_and_log_their_width(tmp_path, tag_prone_dir, dataset, attention):
     """min_paths 2, max_paths 4: the width decisions are sampled tokens in TRL's tool mask (gradient), the trainer's

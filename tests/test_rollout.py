@@ -59,6 +59,38 @@ def test_what_is_trained_is_what_was_sampled(tag_prone, attention, mode, k, max_
         torch.testing.assert_close(recomputed[sampled], torch.tensor(rollout.logprobs)[sampled], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("attention, mode", EXACT_PAIRS)
+def test_a_summary_temperature_is_trained_as_sampled(tag_prone, attention, mode):
+    """`summary_temperature`: the summary's tokens (its closer included) are drawn at it, the rest at the sampling
+    temperature, and the trainer's forward scores each token at the temperature it was drawn at; scored at the
+    sampling temperature alone, exactly the summary's tokens would be off."""
+    _, _, tokenizer, vocab = tag_prone
+    config = dict(attention=attention, rollout_mode=mode, summary_temperature=0.4)
+    rollouts = engine(tag_prone, temperature=0.8, **config).generate(prompts(tokenizer))
+    summaries = 0
+    for rollout in rollouts:
+        sampled = torch.tensor(rollout.env_mask).bool()
+        in_summary = torch.tensor([phase == "summary" for phase, _ in engine(tag_prone).grammar.phases(
+            rollout.completion_ids)])  # fmt: skip
+        exact = trainer_logprobs(tag_prone, rollout, attention, temperature=0.8, summary_temperature=0.4)
+        torch.testing.assert_close(exact[sampled], torch.tensor(rollout.logprobs)[sampled], atol=1e-5, rtol=0)
+        one = trainer_logprobs(tag_prone, rollout, attention, temperature=0.8)
+        gap = (one - exact).abs()
+        assert gap[~in_summary].max() == 0  # outside summaries nothing changes
+        summaries += int(in_summary.sum())
+        assert (gap[in_summary & sampled] > 0).all()  # every summary token is scored at its own temperature
+    assert summaries >= 10
+
+
+def test_a_greedy_run_ignores_the_summary_temperature(tag_prone):
+    _, _, tokenizer, _ = tag_prone
+    runs = [
+        engine(tag_prone, temperature=0.0, summary_temperature=t).generate(prompts(tokenizer)) for t in (None, 3.0)
+    ]
+    assert any(r.blocks for r in runs[0])
+    assert [r.completion_ids for r in runs[0]] == [r.completion_ids for r in runs[1]]
+
+
 def test_without_the_grammar_the_trainer_would_train_another_policy(tag_prone):
     """The hole the grammar closes: scored without the bans, the same rollouts are off by nats after the limit."""
     _, _, tokenizer, _ = tag_prone
@@ -164,6 +196,10 @@ def test_config_is_checked():
         RolloutArguments(rollout_mode="sequential", attention="isolated")
     with pytest.raises(ValueError, match="min_paths must be at least 2"):
         RolloutArguments(min_paths=1, max_paths=1)
+    with pytest.raises(ValueError, match="summary_temperature must be > 0"):
+        RolloutArguments(summary_temperature=0.0)
+    with pytest.raises(ValueError, match="summary_temperature needs the fork-join engine"):
+        RolloutArguments(summary_temperature=0.5, rollout_mode="plain")
 
 
 @pytest.mark.parametrize(

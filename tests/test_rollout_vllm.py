@@ -95,19 +95,25 @@ def test_forks_hit_the_prefix_cache(tag_prone, llm):
     assert any(len({path.body for path in block.paths}) > 1 for block in blocks)
 
 
-@pytest.mark.parametrize("max_blocks", [1, 100])
-def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, max_blocks):
+@pytest.mark.parametrize("max_blocks, summary_temperature", [(1, None), (100, None), (100, 0.5)])
+def test_sampled_logprobs_are_the_trainers_at_temperature_one(tag_prone, llm, max_blocks, summary_temperature):
     """Sampling (not greedy) under the causal structure: vLLM's processed log-probs, with the grammar's bans as
-    true bans, are the trainer's (grammar re-applied from the ids), also after the block limit."""
+    true bans, are the trainer's (grammar re-applied from the ids), also after the block limit, and with the
+    summaries drawn at a temperature of their own."""
     _, model, tokenizer, vocab = tag_prone
     backend = VLLMBackend(llm=llm, sampling=Sampling(temperature=1.0))
-    engine_ = vllm_engine(tag_prone, backend, attention="causal", rollout_mode="sequential", max_blocks=max_blocks)
+    engine_ = vllm_engine(
+        tag_prone, backend, attention="causal", rollout_mode="sequential", max_blocks=max_blocks,
+        summary_temperature=summary_temperature,
+    )  # fmt: skip
     rollouts = engine_.generate(prompts(tokenizer))
     assert any(r.blocks >= 1 for r in rollouts) and all(r.blocks <= max_blocks for r in rollouts)
     for r in rollouts:
         assert engine_.grammar.violations(r.completion_ids) == []
         sampled = torch.tensor(r.env_mask).bool()
-        recomputed = trainer_logprobs(tag_prone, r, "causal", max_blocks=max_blocks)
+        recomputed = trainer_logprobs(
+            tag_prone, r, "causal", max_blocks=max_blocks, summary_temperature=summary_temperature
+        )
         torch.testing.assert_close(recomputed[sampled], torch.tensor(r.logprobs)[sampled], atol=1e-4, rtol=0)
 
 

@@ -90,6 +90,15 @@ class RolloutArguments(ParallelArguments):
     max_completion_length: int = field(
         default=3000, metadata={"help": "Tokens per completion, inserted tags included."}
     )
+    summary_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "Temperature of the tokens a summary samples (its closer included); unset: the sampling "
+            "temperature, as the paper samples. Lower, the summary states what most paths reached more often "
+            "(docs/demo.md, 'The vote'); the training forward scores those tokens at the same temperature. A "
+            "greedy run (temperature 0) stays greedy. Needs the engine (rollout_mode fork or sequential).",
+        },
+    )
 
     @classmethod
     def from_fields(cls, source) -> "RolloutArguments":
@@ -189,6 +198,14 @@ def check_set_fields(args) -> None:
     for name in ("max_path_tokens", "max_summary_tokens", "max_completion_length"):
         if value[name] is not None and value[name] < 1:
             raise ValueError(f"{name} must be at least 1, got {value[name]}")
+    if value["summary_temperature"] is not None:
+        if not value["summary_temperature"] > 0:
+            raise ValueError(f"summary_temperature must be > 0, got {value['summary_temperature']}")
+        if value["rollout_mode"] == "plain":
+            raise ValueError(
+                "summary_temperature needs the fork-join engine, which alone samples a summary on its own: "
+                "rollout_mode='plain' decodes the whole completion at one temperature"
+            )
     if value["max_blocks"] is not None and value["max_blocks"] < 0:
         raise ValueError(f"max_blocks must be >= 0, got {value['max_blocks']}")
     if value["prompt_template"] is not None:

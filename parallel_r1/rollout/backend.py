@@ -55,6 +55,10 @@ class Sampling:
     top_k: int = 0
     seed: int | None = None
 
+    def temperature_of(self, segment: Segment) -> float:
+        """The temperature `segment` is sampled at: its own when it sets one, unless this sampling is greedy."""
+        return self.temperature if segment.temperature is None or self.temperature == 0 else segment.temperature
+
 
 @dataclass(eq=False)
 class Segment:
@@ -63,7 +67,8 @@ class Segment:
     Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` or
     `end_ids` (kept; finish "stop" or "eos"). When the budget runs out first, the `closer` (if any) is
     appended as an inserted token. `banned` tokens are never sampled (their probability is 0); with `only`,
-    nothing but those ids is (an allow-list over the whole vocabulary).
+    nothing but those ids is (an allow-list over the whole vocabulary). `temperature`, when set, replaces the
+    backend's sampling temperature for this segment (unless that is 0: greedy stays greedy).
     """
 
     stream: Any
@@ -73,6 +78,7 @@ class Segment:
     closer: int | None = None
     banned: frozenset = frozenset()
     only: frozenset | None = None
+    temperature: float | None = None
 
 
 @dataclass

@@ -195,7 +195,8 @@ class ForkJoinEngine:
 
     # -- what each phase asks the backend
     def _segment(self, stream, phase: SampledPhase, blocks: int, max_new: int, closer: int | None = None) -> Segment:
-        """Decode `stream` in `phase`: the grammar's allowed tags stop it, its allowed EOS ends it, the rest is banned."""
+        """Decode `stream` in `phase`: the grammar's allowed tags stop it, its allowed EOS ends it, the rest is banned;
+        a summary samples at `summary_temperature` when one is set."""
         allowed = self.grammar.allowed(phase, blocks)
         eos = self.grammar.eos_ids
         return Segment(
@@ -206,6 +207,7 @@ class ForkJoinEngine:
             closer=closer,
             banned=self.grammar.banned(phase, blocks),
             only=self.grammar.only(phase),
+            temperature=self.config.summary_temperature if phase == "summary" else None,
         )
 
     def _segments(self, state: _State) -> list[Segment]:

@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 from transformers import LogitsProcessorList
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from ..structure import isolated_mask
 from .backend import (
@@ -134,7 +134,7 @@ class TransformersBackend:
         self.generator = torch.Generator()  # draws each call's completion seeds
         if sampling.seed is not None:
             self.generator.manual_seed(sampling.seed)
-        warpers = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature > 0 else []
+        warpers = []  # after the temperature, which each segment may set (`_choose`)
         if sampling.top_k > 0:
             warpers.append(TopKLogitsWarper(sampling.top_k))
         if sampling.top_p < 1.0:
@@ -377,7 +377,8 @@ class TransformersBackend:
         if self.sampling.temperature == 0:
             tokens, scores = logits.argmax(-1), logits
         else:
-            scores = self.warpers(None, logits)
+            temperatures = torch.tensor([self.sampling.temperature_of(s) for s in segments], device=logits.device)
+            scores = self.warpers(None, logits / temperatures[:, None])
             probs = torch.softmax(scores, -1)
             tokens = (probs / _noise(probs, segments)).argmax(-1)
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

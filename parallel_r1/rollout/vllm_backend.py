@@ -240,7 +240,7 @@ class VLLMBackend:
     def _request(self, segment: Segment) -> dict:
         """The sampling parameters of one segment, as vLLM names them."""
         params = {
-            "temperature": self.sampling.temperature,
+            "temperature": self.sampling.temperature_of(segment),
             "top_p": self.sampling.top_p,
             "top_k": self.sampling.top_k if self.sampling.top_k > 0 else 0,
             "max_tokens": segment.max_new,

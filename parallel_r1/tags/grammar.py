@@ -107,9 +107,10 @@ class Grammar:
             if token in self.banned(phase, blocks) or (self.only(phase) is not None and token not in self.only(phase))
         ]
 
-    def masks(self, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    def masks(self, completion_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """From one reading of the ids: bool [len(ids), len(controlled)], True where that controlled id is banned
-        before that token, and bool [len(ids)], True where only `decision_ids` may be sampled (a width decision)."""
+        before that token; bool [len(ids)], True where only `decision_ids` may be sampled (a width decision); and
+        bool [len(ids)], True where a summary samples the token (the phase a `summary_temperature` applies to)."""
         keys, rows = {}, []
         phases = self.phases(completion_ids)
         for key in phases:
@@ -119,7 +120,8 @@ class Grammar:
         for key, k in keys.items():
             table[k] = torch.isin(controlled, torch.tensor(sorted(self.banned(*key)), dtype=torch.long))
         only = torch.tensor([self.only(phase) is not None for phase, _ in phases], dtype=torch.bool)
-        return table[torch.tensor(rows, dtype=torch.long)], only
+        summary = torch.tensor([phase == "summary" for phase, _ in phases], dtype=torch.bool)
+        return table[torch.tensor(rows, dtype=torch.long)], only, summary
 
 
 CHUNK = 1024  # positions whose full-vocabulary scores are live at once in `masked_logps`
@@ -130,14 +132,14 @@ def masked_logps(
     targets: torch.Tensor,
     bans: torch.Tensor,
     controlled,
-    temperature: float,
+    temperature: float | torch.Tensor,
     only: torch.Tensor | None = None,
     only_ids=(),
 ):
     """Log-probs of `targets` and entropies under softmax(logits / temperature) with the banned ids removed.
 
-    logits [B, N, V], targets [B, N], bans [B, N, C] over the `controlled` ids; where `only` [B, N] is True, every
-    id but `only_ids` is banned. Banned logits get the lowest
+    logits [B, N, V], targets [B, N], bans [B, N, C] over the `controlled` ids, `temperature` one value or one a
+    position [B, N]; where `only` [B, N] is True, every id but `only_ids` is banned. Banned logits get the lowest
     float32, which gives them probability 0 (as -inf does in the sampler) without NaN in the entropy. The
     float32 work runs `CHUNK` positions at a time and, when gradients are on, is recomputed in the backward
     pass (activation checkpointing), so its memory stays that of one chunk.
@@ -152,14 +154,15 @@ def masked_logps(
         targets.reshape(-1),
         bans.reshape(-1, len(controlled)).to(logits.device),
         only.reshape(-1).to(logits.device),
+        torch.as_tensor(temperature, dtype=torch.float32).expand(batch, length).reshape(-1).to(logits.device),
     )
     pieces = []
     for start in range(0, flat[0].size(0), CHUNK):
         chunk = [part[start : start + CHUNK] for part in flat]
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_masked_chunk, *chunk, columns, kept, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_masked_chunk, *chunk, columns, kept, use_reentrant=False))
         else:
-            pieces.append(_masked_chunk(*chunk, columns, kept, temperature))
+            pieces.append(_masked_chunk(*chunk, columns, kept))
     if not pieces:
         empty = logits.new_zeros((batch, length), dtype=torch.float32)
         return empty, empty
@@ -167,8 +170,8 @@ def masked_logps(
     return logps, entropy
 
 
-def _masked_chunk(logits, targets, bans, only, columns, kept, temperature):
-    scores = logits.float() / temperature
+def _masked_chunk(logits, targets, bans, only, temperature, columns, kept):
+    scores = logits.float() / temperature[:, None]
     low = torch.finfo(scores.dtype).min
     scores = scores.index_copy(-1, columns, scores.index_select(-1, columns).masked_fill(bans, low))
     if only.any():  # an allow-list: every other id of the vocabulary is banned
@@ -185,16 +188,18 @@ class GrammarForward:
     TRL calls `model(input_ids=, attention_mask=, labels=, fused_lm_head=True)` and reads `.log_probs` and
     `.entropy` (one value per position, the last `logits_to_keep` being the completion). This runs the model's
     own forward on the same inputs for the completion's logits, removes at each completion position what the
-    grammar banned there (recomputed from the ids), and returns the same fields. The completion of every row
+    grammar banned there (recomputed from the ids), divides a summary's logits by `summary_temperature` (when
+    set) and the others' by `temperature`, as the sampler drew them, and returns the same fields. The completion of every row
     starts at column `completion_start`; its padding (attention mask 0) is scored 0, as TRL does.
     Unlike TRL's fused head it materialises the completion's logits (rows x completion x vocabulary, in the
     model's dtype), and the head runs in that dtype (`cast_lm_head_to_fp32` does not apply); the softmax is
     float32, a chunk at a time (`masked_logps`).
     """
 
-    def __init__(self, model, grammar: Grammar, completion_start: int, temperature: float):
+    def __init__(self, model, grammar: Grammar, completion_start: int, temperature: float, summary_temperature=None):
         self.model, self.grammar = model, grammar
         self.completion_start, self.temperature = completion_start, temperature
+        self.summary_temperature = temperature if summary_temperature is None else summary_temperature
 
     def __call__(self, input_ids, attention_mask, labels=None, fused_lm_head=True, **kwargs):
         width = input_ids.size(1) - self.completion_start
@@ -204,12 +209,14 @@ class GrammarForward:
         valid = attention_mask[:, self.completion_start :].bool()
         bans = torch.zeros((*completion.shape, len(self.grammar.controlled)), dtype=torch.bool)
         only = torch.zeros(completion.shape, dtype=torch.bool)
+        summary = torch.zeros(completion.shape, dtype=torch.bool)
         for row, (ids, keep) in enumerate(zip(completion.tolist(), valid.tolist())):
             real = [i for i, k in zip(ids, keep) if k]
             columns = torch.tensor(keep, dtype=torch.bool)
-            bans[row, columns], only[row, columns] = self.grammar.masks(real)
+            bans[row, columns], only[row, columns], summary[row, columns] = self.grammar.masks(real)
+        temperature = torch.where(summary, self.summary_temperature, self.temperature)
         logps, entropy = masked_logps(
-            out.logits[:, :-1], completion, bans, self.grammar.controlled, self.temperature, only,
+            out.logits[:, :-1], completion, bans, self.grammar.controlled, temperature, only,
             self.grammar.decision_ids,
         )  # fmt: skip
         aux_loss = getattr(out, "aux_loss", None)  # mixture-of-experts models, as TRL reads it
