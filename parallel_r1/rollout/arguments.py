@@ -94,9 +94,8 @@ class RolloutArguments(ParallelArguments):
         default=None,
         metadata={
             "help": "Temperature of the tokens a summary samples (its closer included); unset: the sampling "
-            "temperature, as the paper samples. Lower, the summary states what most paths reached more often "
-            "(docs/demo.md, 'The vote'); the training forward scores those tokens at the same temperature. A "
-            "greedy run (temperature 0) stays greedy. Needs the engine (rollout_mode fork or sequential).",
+            "temperature, as the paper samples. The training forward scores those tokens at it too "
+            "(docs/rollout.md). A greedy run stays greedy. Needs the engine (rollout_mode fork or sequential).",
         },
     )
 
