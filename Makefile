@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-paper demo-width bench real-model gpu-check clean
+.PHONY: install test test-quick lint format demo demo-matched demo-paper demo-width bench real-model gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ format: install
 # problems (outputs/demo/results/: table.md, votes.md and plots). 2 CPU cores, about 15 min with the install.
 demo: install
 	$(PY) scripts/demo.py
+
+# make demo, and plain GRPO given as many tokens as Parallel-R1 (3x the completions a step): every model against it,
+# paired by problem, in outputs/demo-matched/results/matched/table.md, the tokens in results/tokens.md. About 22 min.
+demo-matched: install
+	$(PY) scripts/demo.py --matched --output_dir outputs/demo-matched
 
 # Every row and experiment of the paper in miniature from one base (Seen and Unseen SFT and RL, S1, S2, the tiered
 # ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 30 minutes.

@@ -4,6 +4,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py                      # make demo: the method against its baseline (13-14 min, ~15 with the install)
     python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (about 30 min)
     python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
+    python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 22 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -15,6 +16,9 @@ Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir,
   6. GRPO without blocks              scripts/grpo.py with recipes/demo/grpo_plain.yaml, from the base (the baseline)
   7. Parallel-R1                      scripts/grpo.py with recipes/demo/grpo.yaml: fork-join rollouts, the S2 reward
   8. evaluation and plots             scripts/evaluate.py on base, plain GRPO, SFT and Parallel-R1; scripts/plot.py
+`--matched` adds plain GRPO from the base with three times the completions a step (24 a problem, not 8: as many
+trained tokens as Parallel-R1's three-path completions), evaluated, with results/matched/table.md (every model
+against it, paired by problem) and results/tokens.md (the tokens each RL run trained on).
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
 `--width` runs stages 1-3, a cold start with blocks of 2 to 4 attempts, SFT with min_paths 2 and max_paths 4, and the
 three RL runs of `parallel_r1.testing.demo.width` (width/table.md, width/paths_per_block.png).
@@ -35,7 +39,7 @@ import yaml
 
 from parallel_r1.durable import read_lines
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
-from parallel_r1.testing.demo.task import vote_report
+from parallel_r1.testing.demo.task import token_table, vote_report
 from parallel_r1.testing.demo.width import WIDTH_RUNS, curve_table, plot_width, width_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,13 +69,16 @@ QUICK = {
     ],
     "eval": ["--max_problems", "6"],
 }
+MATCHED_GROUPS = 3  # the matched baseline's completions a step, as a multiple of the recipe's
+MATCHED = "grpo-plain-matched"  # its label
+RL_OUTPUTS = {"grpo-plain": "grpo-plain", MATCHED: "grpo-plain-matched", "parallel-r1": "grpo"}
 
 
 class Demo:
     """Runs the stages in order into one folder, each with a banner, its output shown and kept in logs/."""
 
-    def __init__(self, output_dir: Path, seed: int, quick: bool, rl_steps: int | None = None):
-        self.out, self.seed, self.quick, self.rl_steps = output_dir, seed, quick, rl_steps
+    def __init__(self, output_dir: Path, seed: int, quick: bool, rl_steps: int | None = None, matched: bool = False):
+        self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
@@ -169,6 +176,15 @@ class Demo:
         self.grpo("grpo-plain", title="GRPO without blocks (the baseline)", start="base-special",
                   recipe="grpo_plain.yaml")  # fmt: skip
 
+    def grpo_plain_matched(self) -> None:
+        """The baseline given Parallel-R1's tokens: MATCHED_GROUPS times the completions a problem and a step, the
+        same problems, steps and learning rate (a three-path completion holds about three plain ones)."""
+        generations, batch = self.plain_setting("num_generations"), self.plain_setting("per_device_train_batch_size")
+        self.grpo("grpo-plain-matched", title=f"GRPO without blocks, {MATCHED_GROUPS}x the completions a step",
+                  start="base-special", recipe="grpo_plain.yaml",
+                  extra=("--num_generations", str(MATCHED_GROUPS * generations),
+                         "--per_device_train_batch_size", str(MATCHED_GROUPS * batch)))  # fmt: skip
+
     def evaluate(self, model: str, label: str, plain: bool = False, flags: tuple = ()) -> str:
         folder = self.path("eval", label)
         k = 2 if self.quick else self.samples()
@@ -187,10 +203,13 @@ class Demo:
     def run(self) -> None:
         self.prepare()
         self.grpo_plain()
+        if self.matched:
+            self.grpo_plain_matched()
         self.grpo("grpo")
         folders = [
             self.evaluate("base-special", "base", plain=True),
             self.evaluate("grpo-plain", "grpo-plain", plain=True),
+            *([self.evaluate("grpo-plain-matched", MATCHED, plain=True)] if self.matched else []),
             self.evaluate("sft", "sft"),
             self.evaluate("grpo", "parallel-r1"),
         ]
@@ -202,11 +221,20 @@ class Demo:
              "--trainer_state", self.path("grpo", "trainer_state.json"), "--baseline", "grpo-plain",
              "--output_dir", results],
         )  # fmt: skip
+        models = ["base-special", "grpo-plain", "sft", "grpo"]
+        if self.matched:
+            self.stage(
+                "every model against plain GRPO given as many tokens",
+                "plots-matched",
+                [*PYTHON, "scripts/plot.py", "--evaluations", *folders, "--baseline", MATCHED,
+                 "--output_dir", str(Path(results) / "matched")],
+            )  # fmt: skip
+            runs = {label: self.out / output / "trainer_state.json" for label, output in RL_OUTPUTS.items()}
+            (Path(results) / "tokens.md").write_text(token_table(runs) + "\n")
+            models.insert(2, "grpo-plain-matched")
         votes = vote_report({label: self.path("eval", label) for label in ("sft", "parallel-r1")})
         (Path(results) / "votes.md").write_text(votes + "\n")
-        self.summary(
-            Path(results) / "table.md", ["base-special", "grpo-plain", "sft", "grpo"], self.out / "timings.md"
-        )
+        self.summary(Path(results) / "table.md", models, self.out / "timings.md")
 
     def paper(self) -> None:
         """Every row and experiment of the paper from one base, with the same RL budget for every run."""
@@ -263,6 +291,13 @@ class Demo:
             return self.rl_steps
         return yaml.safe_load((RECIPES / "grpo.yaml").read_text())["max_steps"]
 
+    def plain_setting(self, name: str) -> int:
+        """An integer setting of the plain GRPO runs: the quick run's, else the plain recipe's."""
+        quick = QUICK["grpo"]
+        if self.quick and f"--{name}" in quick:
+            return int(quick[quick.index(f"--{name}") + 1])
+        return int(yaml.safe_load((RECIPES / "grpo_plain.yaml").read_text())[name])
+
     def samples(self) -> int:
         """Samples per held-out problem: the evaluation recipe's (its `benchmarks` entry is `file@k`)."""
         (benchmark,) = yaml.safe_load((RECIPES / "eval.yaml").read_text())["benchmarks"]
@@ -294,6 +329,11 @@ def main(argv=None) -> None:
     parser.add_argument("--paper", action="store_true", help="every row and experiment of the paper (make demo-paper)")
     parser.add_argument("--width", action="store_true", help="RL moves the width the model chooses (make demo-width)")
     parser.add_argument(
+        "--matched",
+        action="store_true",
+        help="also plain GRPO with 3x the completions a step, as many trained tokens as Parallel-R1 (make demo-matched)",
+    )
+    parser.add_argument(
         "--rl_steps",
         type=int,
         default=None,
@@ -304,9 +344,9 @@ def main(argv=None) -> None:
         parser.error(f"--rl_steps must be at least 2, got {args.rl_steps}")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps)
-    if args.paper and args.width:
-        parser.error("--paper and --width are two jobs: run one at a time")
+    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched)
+    if args.paper + args.width + args.matched > 1:
+        parser.error("--paper, --width and --matched are three jobs: run one at a time")
     demo.paper() if args.paper else demo.width() if args.width else demo.run()
 
 

@@ -35,6 +35,7 @@ from parallel_r1.testing.demo.task import (
     majority,
     split_problems,
     teacher,
+    token_table,
     vote_report,
     write_data,
 )
@@ -148,6 +149,8 @@ def test_the_vote_report_counts_paths_blocks_and_plain_answers(tmp_path):
         (problem.parallel_trace((0, 0, 0)), True),  # three right paths, right
         (problem.parallel_trace((0, 2, 0)), True),  # a slip outvoted: two right paths of three, right
         (problem.parallel_trace((1, 1, 0)), False),  # outvoted by two alike slips: one right path, wrong
+        (problem.parallel_trace((0, 2, 0)).replace("Answer: 68", "Answer: 70"), False),  # the minority's value
+        (problem.parallel_trace((0, 2, 0)).replace("Answer: 68", "Answer: 71"), False),  # no path's value
         (problem.plain_solution(), True),
     ]
     folder = tmp_path / "sft"
@@ -155,8 +158,26 @@ def test_the_vote_report_counts_paths_blocks_and_plain_answers(tmp_path):
     rows = [json.dumps({"completion": c, "reference": "68", "correct": ok}) for c, ok in completions]
     (folder / "completions.jsonl").write_text("\n".join(rows) + "\n")
     table = vote_report({"sft": folder})
-    # 6 of 9 paths right (66.7%), 2 of 3 block answers (66.7%): no gain; 2 of 3 blocks disagree; the plain one right
-    assert table.splitlines()[2] == "| sft | 4 | 75.0 | 66.7 | 66.7 | +0.0 | 66.7 | 100.0 |"
+    # 10 of 15 paths right (66.7%), 2 of 5 block answers (40.0%); 4 of 5 blocks disagree; the plain one right; of
+    # the 4 blocks of two against one, 2 summaries state the majority, 1 the minority and 1 a value no path reached
+    assert table.splitlines()[2] == "| sft | 6 | 83.3 | 66.7 | 40.0 | -26.7 | 80.0 | 100.0 | 4 | 50.0 | 25.0 |"
+
+
+def test_the_token_table_reads_each_runs_steps_batch_lengths_and_tokens(tmp_path):
+    logs = [
+        {"step": 5, "completions/mean_length": 30.0, "num_tokens": 1000.0},
+        {"step": 10, "completions/mean_length": 32.0, "num_tokens": 2100.0},
+        {"step": 10, "train_loss": 0.1},  # the closing entry: no length, no tokens
+    ]
+    state = {"global_step": 10, "train_batch_size": 384, "log_history": logs}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    table = token_table({"plain, 3x": tmp_path / "trainer_state.json"})
+    assert table.splitlines()[2] == "| plain, 3x | 10 | 384 | 31.0 | 2,100 |"
+
+
+def test_a_listed_summary_lists_the_paths_results_in_order_then_the_majority():
+    trace = Problem(7, 8, 3, 4).parallel_trace((0, 2, 0), listed=True)
+    assert trace.endswith("<Summary>68 70 68\nFinal Answer: 68</Summary>")
 
 
 def test_the_none_template_is_the_problem_alone_and_reads_back():
@@ -241,30 +262,52 @@ def run_quick_demo(out: Path, *flags: str, timeout: int) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
+    """`scripts/demo.py --matched --quick` (make demo's stages, and plain GRPO given 3x the completions a step): every
+    stage writes its files, the tables hold every model, against plain GRPO and against the matched run; then the
+    summary probe reads the SFT and RL models."""
     out = tmp_path / "demo"
-    result = run_quick_demo(out, timeout=900)
-    for model in ("base-init", "base", "base-special", "sft", "grpo", "grpo-plain"):
+    result = run_quick_demo(out, "--matched", timeout=900)
+    for model in ("base-init", "base", "base-special", "sft", "grpo", "grpo-plain", "grpo-plain-matched"):
         assert (out / model / "config.json").exists(), model
     assert (out / "cold-start" / "train.parquet").exists() and (out / "cold-start" / "report.md").exists()
-    for stage in ("sft", "grpo", "grpo-plain"):  # the records and curves of each run of the project's scripts
+    for stage in ("sft", "grpo", "grpo-plain", "grpo-plain-matched"):  # the records and curves of each run
         assert {"trainer_state.json", "all_results.json", "training_curves.png"} <= {
             p.name for p in (out / stage).iterdir()
         }
-    table = (out / "results" / "table.md").read_text().splitlines()
-    rows = {line.split("|")[1].strip(): line for line in table[2:6]}
-    assert list(rows) == ["base", "grpo-plain", "sft", "parallel-r1"]
-    for line in rows.values():
-        parallel, accuracy = line.split("|")[2:4]
-        assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("±")[0]) <= 100
-    (header,) = [i for i, line in enumerate(table) if "mean minus grpo-plain's (points)" in line]
-    against = [line.split("|")[1].strip() for line in table[header + 2 : header + 5]]
-    assert against == ["base", "sft", "parallel-r1"]  # each against the baseline, paired by problem
+    labels = ["base", "grpo-plain", "grpo-plain-matched", "sft", "parallel-r1"]
+    for folder, baseline in ((out / "results", "grpo-plain"), (out / "results" / "matched", "grpo-plain-matched")):
+        table = (folder / "table.md").read_text().splitlines()
+        rows = {line.split("|")[1].strip(): line for line in table[2:7]}
+        assert list(rows) == labels
+        for line in rows.values():
+            parallel, accuracy = line.split("|")[2:4]
+            assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("±")[0]) <= 100
+        (header,) = [i for i, line in enumerate(table) if f"mean minus {baseline}'s (points)" in line]
+        against = [line.split("|")[1].strip() for line in table[header + 2 : header + 6]]
+        assert against == [label for label in labels if label != baseline]  # paired by problem
+    # the matched run had 3x the completions a step of the plain one, over the same steps
+    tokens = {line.split("|")[1].strip(): line.split("|")[2:4] for line in
+              (out / "results" / "tokens.md").read_text().splitlines()[2:]}  # fmt: skip
+    assert list(tokens) == ["grpo-plain", "grpo-plain-matched", "parallel-r1"]
+    assert int(tokens["grpo-plain-matched"][1]) == 3 * int(tokens["grpo-plain"][1])
+    assert tokens["grpo-plain-matched"][0] == tokens["grpo-plain"][0] == tokens["parallel-r1"][0]
     assert sorted(p.name for p in (out / "results").glob("*.png"))
     assert (out / "results" / "votes.md").read_text().startswith("| Model | Answers | With a block % |")
     stages = (out / "timings.md").read_text()
-    assert stages.count("\n| ") == 13 and "total" in stages  # twelve stages and the total
-    assert len(list((out / "logs").glob("*.log"))) == 12
+    assert stages.count("\n| ") == 16 and "total" in stages  # fifteen stages and the total
+    assert len(list((out / "logs").glob("*.log"))) == 15
     assert "Table:" in result.stdout and "Logs:" in result.stdout
+    probe = subprocess.run(
+        [sys.executable, "-m", "parallel_r1.testing.demo.probe", str(out / "sft"), str(out / "grpo"),
+         "--test", str(out / "data" / "test.jsonl"), "--max_problems", "5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in probe.stdout.strip().splitlines()[2:]]
+    assert [row[1].strip() for row in rows] == ["right majority", "wrong majority", "all agree"] * 2
+    for row in rows:
+        shares = [float(cell) for cell in row[2:] if cell.strip() != "-"]
+        assert all(0 <= share <= 100 for share in shares) and sum(shares) == pytest.approx(100, abs=0.2)
 
 
 def results_of(mean: float, parallel: float, stderr: float = 0.01) -> dict:

@@ -46,6 +46,7 @@ TEACHER_PLAIN = 0.15  # share of teacher answers with no block (the plain habit 
 TEACHER_LATE = 0.0  # share of teacher answers that work the problem out first, then check it in a block
 TEACHER_SLIP = 0.1  # chance that one attempt of the teacher gets its first product wrong
 TEACHER_MALFORMED = 0.05  # share of teacher traces with no </Summary>
+SUMMARY_LISTS_RESULTS = False  # the teacher's summary lists the paths' results, in order, before the answer
 _PROBLEM = re.compile(r"^\s*([1-9])\*([1-9])\+([1-9])\*([1-9])\s*$")
 
 
@@ -86,12 +87,16 @@ class Problem:
         return f"{lines}\nFinal Answer: {result}"
 
     def parallel_trace(
-        self, slips: tuple[int, ...] = (0,) * NUM_PATHS, close_summary: bool = True, first: int | None = None
+        self,
+        slips: tuple[int, ...] = (0,) * NUM_PATHS,
+        close_summary: bool = True,
+        first: int | None = None,
+        listed: bool = False,
     ) -> str:
         """A block of one attempt a path (`slips`: each one's mistake, 0 for none), a summary that states the result
         most of them reached (the first of them on a tie), and that as the answer line. With `first` (its slip), a
         plain working comes before the block, whose paths then check it: its result counts in the vote and wins a
-        tie."""
+        tie. `listed`: the summary first lists the paths' results in order (`68 70 68`), then the answer line."""
         attempts = [self.working(slip) for slip in slips]
         lead, results = "", [result for _, result in attempts]
         if first is not None:
@@ -100,7 +105,8 @@ class Problem:
         vote = majority(results)
         paths = "".join(f"<Path>{lines}</Path>" for lines, _ in attempts)
         end = "</Summary>" if close_summary else ""
-        return f"{lead}<Parallel>{paths}</Parallel>\n<Summary>Final Answer: {vote}{end}"
+        listing = " ".join(str(result) for _, result in attempts) + "\n" if listed else ""
+        return f"{lead}<Parallel>{paths}</Parallel>\n<Summary>{listing}Final Answer: {vote}{end}"
 
 
 def majority(values: list[int]) -> int:
@@ -133,7 +139,9 @@ def teacher(messages: list, seed: int, widths: tuple[int, ...] = (NUM_PATHS,)) -
     first = slip() if kind < TEACHER_PLAIN + TEACHER_LATE else None
     width = widths[0] if len(widths) == 1 else rng.choice(widths)
     slips = tuple(slip() for _ in range(width))
-    return problem.parallel_trace(slips, close_summary=rng.random() >= TEACHER_MALFORMED, first=first)
+    return problem.parallel_trace(
+        slips, close_summary=rng.random() >= TEACHER_MALFORMED, first=first, listed=SUMMARY_LISTS_RESULTS
+    )
 
 
 def varied_width_teacher(messages: list, seed: int) -> str:
@@ -198,37 +206,71 @@ def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[s
     return files
 
 
+def last_number(text: str | None) -> str | None:
+    """The last run of digits in `text` (a path's result, a summary's answer), or None."""
+    return (re.findall(r"\d+", text or "") or [None])[-1]
+
+
 def vote_report(evaluations: dict) -> str:
     """A table, per evaluated model (label -> evaluation folder): how many answers hold a block, how often one path
     of a block reaches the right result, how often the block's answer is right (the vote's gain is the difference),
-    how often the paths of a block disagree, and how often the answers without a block are right."""
+    how often the paths of a block disagree, how often the answers without a block are right, and how faithful
+    the summary is: in the blocks where most paths agree and the others do not (two against one, for three paths),
+    how often the summary states the majority's value, and how often a value that no path reached."""
     from ...durable import read_lines
     from ...tags.language import parse
 
     lines = [
         "| Model | Answers | With a block % | Path right % | Block answer right % | Vote gain (points) "
-        "| Paths disagree % | Plain answer right % |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Paths disagree % | Plain answer right % | Majority against minority | Summary states the majority % "
+        "| Summary states no path's value % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     share = lambda n, of: f"{100 * n / of:.1f}" if of else "-"  # noqa: E731
     for label, folder in evaluations.items():
-        paths = paths_right = blocks = disagree = 0
+        paths = paths_right = blocks = disagree = split = faithful = invented = 0
         block_answers, plain_answers = [], []
         for record in read_lines(Path(folder) / "completions.jsonl"):
             parsed = parse(record["completion"])
             (block_answers if parsed.blocks else plain_answers).append(record["correct"])
             for block in parsed.blocks:
-                results = [(re.findall(r"\d+", path.body) or [None])[-1] for path in block.paths]
+                results = [last_number(path.body) for path in block.paths]
                 paths += len(results)
                 paths_right += sum(r == str(record["reference"]) for r in results)
                 blocks += 1
                 disagree += len(set(results)) > 1
+                value, count = Counter(results).most_common(1)[0]
+                if len(results) / 2 < count < len(results):  # a majority, and a minority against it
+                    split += 1
+                    stated = last_number(block.summary)
+                    faithful += stated == value
+                    invented += stated not in results
         total = len(block_answers) + len(plain_answers)
         gain = f"{100 * (sum(block_answers) / len(block_answers) - paths_right / paths):+.1f}" if paths else "-"
         lines.append(
             f"| {label} | {total} | {share(len(block_answers), total)} | {share(paths_right, paths)} "
             f"| {share(sum(block_answers), len(block_answers))} | {gain} | {share(disagree, blocks)} "
-            f"| {share(sum(plain_answers), len(plain_answers))} |"
+            f"| {share(sum(plain_answers), len(plain_answers))} | {split} | {share(faithful, split)} "
+            f"| {share(invented, split)} |"
+        )
+    return "\n".join(lines)
+
+
+def token_table(states: dict) -> str:
+    """A table, per RL run (label -> its trainer_state.json): steps, completions a step, the mean completion length
+    over the logged steps (inserted tags included) and the tokens TRL counted (`num_tokens` at the end: prompts and
+    completions, each generated batch once)."""
+    lines = [
+        "| Run | Steps | Completions a step | Mean completion length | Tokens (TRL's num_tokens) |",
+        "|---|---|---|---|---|",
+    ]
+    for label, path in states.items():
+        state = json.loads(Path(path).read_text())
+        logs = [entry for entry in state["log_history"] if "completions/mean_length" in entry]
+        length = sum(entry["completions/mean_length"] for entry in logs) / len(logs)
+        tokens = max(entry.get("num_tokens", 0) for entry in state["log_history"])
+        lines.append(
+            f"| {label} | {state['global_step']} | {state['train_batch_size']} | {length:.1f} | {tokens:,.0f} |"
         )
     return "\n".join(lines)
 
