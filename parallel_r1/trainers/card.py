@@ -169,8 +169,9 @@ def hub_id(name: str | None) -> str | None:
 
 def eval_command(recipe: str | None, location: str, settings: dict | None) -> str:
     """`scripts/evaluate.py` on an evaluation recipe of the training recipe's model (`eval_recipe`), with the recorded
-    sampling settings as flags: the recipe's own would otherwise sample, say, a Seen model as Unseen."""
-    flags = "".join(f" --{name} {value}" for name, value in (settings or {}).items())
+    sampling settings as flags (those that are set): the recipe's own would otherwise sample, say, a Seen model as
+    Unseen."""
+    flags = "".join(f" --{name} {value}" for name, value in (settings or {}).items() if value is not None)
     return f"python scripts/evaluate.py --config {eval_recipe(recipe)} --model_name_or_path {location}{flags}"
 
 
