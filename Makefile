@@ -52,8 +52,9 @@ format: install
 demo: install
 	$(PY) scripts/demo.py
 
-# make demo, and plain GRPO given as many tokens as Parallel-R1 (3x the completions a step): every model against it,
-# paired by problem, in outputs/demo-matched/results/matched/table.md, the tokens in results/tokens.md. About 22 min.
+# make demo, and plain GRPO given as many tokens as Parallel-R1 (3x the completions a step), from the base and from a
+# plain SFT on the teacher's plain solutions: every model against each, paired by problem, in
+# outputs/demo-matched/results/{matched,sft-plain}/table.md, the tokens in results/tokens.md. About 35 minutes.
 demo-matched: install
 	$(PY) scripts/demo.py --matched --output_dir outputs/demo-matched
 

@@ -4,7 +4,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py                      # make demo: the method against its baseline (13-14 min, ~15 with the install)
     python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (about 30 min)
     python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
-    python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 22 min)
+    python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 35 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -16,9 +16,10 @@ Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir,
   6. GRPO without blocks              scripts/grpo.py with recipes/demo/grpo_plain.yaml, from the base (the baseline)
   7. Parallel-R1                      scripts/grpo.py with recipes/demo/grpo.yaml: fork-join rollouts, the S2 reward
   8. evaluation and plots             scripts/evaluate.py on base, plain GRPO, SFT and Parallel-R1; scripts/plot.py
-`--matched` adds plain GRPO from the base with three times the completions a step (24 a problem, not 8: as many
-trained tokens as Parallel-R1's three-path completions), evaluated, with results/matched/table.md (every model
-against it, paired by problem) and results/tokens.md (the tokens each RL run trained on).
+`--matched` adds plain GRPO with three times the completions a step (24 a problem, not 8: about as many trained
+tokens as Parallel-R1's three-path completions), from the base and from a plain SFT on the teacher's plain solutions
+(cold start and SFT without blocks), all evaluated: results/matched/table.md and results/sft-plain/table.md (every
+model against each, paired by problem) and results/tokens.md (the tokens each RL run trained on).
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
 `--width` runs stages 1-3, a cold start with blocks of 2 to 4 attempts, SFT with min_paths 2 and max_paths 4, and the
 three RL runs of `parallel_r1.testing.demo.width` (width/table.md, width/paths_per_block.png).
@@ -70,8 +71,9 @@ QUICK = {
     "eval": ["--max_problems", "6"],
 }
 MATCHED_GROUPS = 3  # the matched baseline's completions a step, as a multiple of the recipe's
-MATCHED = "grpo-plain-matched"  # its label
-RL_OUTPUTS = {"grpo-plain": "grpo-plain", MATCHED: "grpo-plain-matched", "parallel-r1": "grpo"}
+MATCHED = "grpo-plain-matched"  # its label and folder
+PLAIN_SFT_MATCHED = "grpo-sft-plain-matched"  # the same from a plain SFT on the teacher's plain solutions
+RL_RUNS_MATCHED = ("grpo-plain", MATCHED, PLAIN_SFT_MATCHED)  # the plain RL runs of --matched
 
 
 class Demo:
@@ -176,14 +178,34 @@ class Demo:
         self.grpo("grpo-plain", title="GRPO without blocks (the baseline)", start="base-special",
                   recipe="grpo_plain.yaml")  # fmt: skip
 
-    def grpo_plain_matched(self) -> None:
-        """The baseline given Parallel-R1's tokens: MATCHED_GROUPS times the completions a problem and a step, the
-        same problems, steps and learning rate (a three-path completion holds about three plain ones)."""
+    def matched_controls(self) -> None:
+        """The baselines given Parallel-R1's tokens: plain GRPO with MATCHED_GROUPS times the completions a problem
+        and a step (the same problems, steps and learning rate; a three-path completion holds about three plain
+        ones), from the base, and from a plain SFT on the teacher's plain solutions (the control for what the cold
+        start's correct traces teach, blocks aside)."""
         generations, batch = self.plain_setting("num_generations"), self.plain_setting("per_device_train_batch_size")
-        self.grpo("grpo-plain-matched", title=f"GRPO without blocks, {MATCHED_GROUPS}x the completions a step",
-                  start="base-special", recipe="grpo_plain.yaml",
-                  extra=("--num_generations", str(MATCHED_GROUPS * generations),
-                         "--per_device_train_batch_size", str(MATCHED_GROUPS * batch)))  # fmt: skip
+        more = ("--num_generations", str(MATCHED_GROUPS * generations),
+                "--per_device_train_batch_size", str(MATCHED_GROUPS * batch))  # fmt: skip
+        self.grpo(MATCHED, title=f"GRPO without blocks, {MATCHED_GROUPS}x the completions a step",
+                  start="base-special", recipe="grpo_plain.yaml", extra=more)  # fmt: skip
+        self.cold_start("cold-start-plain", "cold-start traces without blocks (the teacher's plain solutions)",
+                        ("--model_name_or_path", "parallel_r1.testing.demo.task:plain_teacher"))  # fmt: skip
+        self.sft("sft-plain", "SFT on them (no blocks)", ("--attention", "causal"), traces="cold-start-plain")
+        self.grpo(PLAIN_SFT_MATCHED, title=f"GRPO without blocks from that SFT, {MATCHED_GROUPS}x the completions",
+                  start="sft-plain", recipe="grpo_plain.yaml", extra=more)  # fmt: skip
+
+    def matched_tables(self, folders: list, results: Path) -> None:
+        """Every model against each matched baseline, paired by problem, and the tokens of each RL run."""
+        for baseline, folder in ((MATCHED, "matched"), (PLAIN_SFT_MATCHED, "sft-plain")):
+            self.stage(
+                f"every model against {baseline}",
+                f"plots-{folder}",
+                [*PYTHON, "scripts/plot.py", "--evaluations", *folders, "--baseline", baseline,
+                 "--output_dir", str(results / folder)],
+            )  # fmt: skip
+        runs = {label: self.out / label / "trainer_state.json" for label in RL_RUNS_MATCHED}
+        runs["parallel-r1"] = self.out / "grpo" / "trainer_state.json"
+        (results / "tokens.md").write_text(token_table(runs) + "\n")
 
     def evaluate(self, model: str, label: str, plain: bool = False, flags: tuple = ()) -> str:
         folder = self.path("eval", label)
@@ -204,37 +226,31 @@ class Demo:
         self.prepare()
         self.grpo_plain()
         if self.matched:
-            self.grpo_plain_matched()
+            self.matched_controls()
         self.grpo("grpo")
         folders = [
             self.evaluate("base-special", "base", plain=True),
             self.evaluate("grpo-plain", "grpo-plain", plain=True),
-            *([self.evaluate("grpo-plain-matched", MATCHED, plain=True)] if self.matched else []),
+            *[self.evaluate(run, run, plain=True) for run in ([MATCHED, "sft-plain", PLAIN_SFT_MATCHED]
+                                                              if self.matched else [])],
             self.evaluate("sft", "sft"),
             self.evaluate("grpo", "parallel-r1"),
-        ]
-        results = self.path("results")
+        ]  # fmt: skip
+        results = Path(self.path("results"))
         self.stage(
             "the table and the plots",
             "plots",
             [*PYTHON, "scripts/plot.py", "--evaluations", *folders,
              "--trainer_state", self.path("grpo", "trainer_state.json"), "--baseline", "grpo-plain",
-             "--output_dir", results],
+             "--output_dir", str(results)],
         )  # fmt: skip
         models = ["base-special", "grpo-plain", "sft", "grpo"]
         if self.matched:
-            self.stage(
-                "every model against plain GRPO given as many tokens",
-                "plots-matched",
-                [*PYTHON, "scripts/plot.py", "--evaluations", *folders, "--baseline", MATCHED,
-                 "--output_dir", str(Path(results) / "matched")],
-            )  # fmt: skip
-            runs = {label: self.out / output / "trainer_state.json" for label, output in RL_OUTPUTS.items()}
-            (Path(results) / "tokens.md").write_text(token_table(runs) + "\n")
-            models.insert(2, "grpo-plain-matched")
+            self.matched_tables(folders, results)
+            models[2:2] = [MATCHED, "sft-plain", PLAIN_SFT_MATCHED]
         votes = vote_report({label: self.path("eval", label) for label in ("sft", "parallel-r1")})
-        (Path(results) / "votes.md").write_text(votes + "\n")
-        self.summary(Path(results) / "table.md", models, self.out / "timings.md")
+        (results / "votes.md").write_text(votes + "\n")
+        self.summary(results / "table.md", models, self.out / "timings.md")
 
     def paper(self) -> None:
         """Every row and experiment of the paper from one base, with the same RL budget for every run."""

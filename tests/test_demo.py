@@ -33,6 +33,7 @@ from parallel_r1.testing.demo.task import (
     all_problems,
     corpus,
     majority,
+    plain_teacher,
     split_problems,
     teacher,
     token_table,
@@ -112,6 +113,15 @@ def test_the_teacher_is_seeded_and_mixes_plain_early_and_late_block_answers_at_i
     assert abs(slipped / len(attempts) - TEACHER_SLIP) < 0.02  # each attempt slips on its own
     with pytest.raises(ValueError, match="not a demo problem"):
         teacher(build_prompt("what is 2+2?", "none"), 0)
+
+
+def test_the_plain_teacher_writes_only_plain_solutions_that_slip_at_the_teachers_rate():
+    messages = build_prompt("7*8+3*4", "none")
+    assert plain_teacher(messages, 5) == plain_teacher(messages, 5)
+    answers = [plain_teacher(messages, seed) for seed in range(3000)]
+    assert not any("<" in answer for answer in answers)
+    assert all(answer.startswith("7*8=") and "\nFinal Answer: " in answer for answer in answers)
+    assert abs(sum("7*8=56" not in answer for answer in answers) / 3000 - TEACHER_SLIP) < 0.02
 
 
 def test_the_default_teacher_writes_the_traces_it_wrote_before_the_late_kind_existed():
@@ -262,40 +272,44 @@ def run_quick_demo(out: Path, *flags: str, timeout: int) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
-    """`scripts/demo.py --matched --quick` (make demo's stages, and plain GRPO given 3x the completions a step): every
-    stage writes its files, the tables hold every model, against plain GRPO and against the matched run; then the
-    summary probe reads the SFT and RL models."""
+    """`scripts/demo.py --matched --quick` (make demo's stages, and plain GRPO given 3x the completions a step, from
+    the base and from a plain SFT): every stage writes its files, the tables hold every model, against plain GRPO
+    and against each matched run; then the summary probe reads the SFT and RL models."""
     out = tmp_path / "demo"
     result = run_quick_demo(out, "--matched", timeout=900)
-    for model in ("base-init", "base", "base-special", "sft", "grpo", "grpo-plain", "grpo-plain-matched"):
+    runs = ("grpo", "grpo-plain", "grpo-plain-matched", "grpo-sft-plain-matched")
+    for model in ("base-init", "base", "base-special", "sft", "sft-plain", *runs):
         assert (out / model / "config.json").exists(), model
-    assert (out / "cold-start" / "train.parquet").exists() and (out / "cold-start" / "report.md").exists()
-    for stage in ("sft", "grpo", "grpo-plain", "grpo-plain-matched"):  # the records and curves of each run
+    for cold_start in ("cold-start", "cold-start-plain"):
+        assert (out / cold_start / "train.parquet").exists() and (out / cold_start / "report.md").exists()
+    for stage in ("sft", "sft-plain", *runs):  # the records and curves of each run
         assert {"trainer_state.json", "all_results.json", "training_curves.png"} <= {
             p.name for p in (out / stage).iterdir()
         }
-    labels = ["base", "grpo-plain", "grpo-plain-matched", "sft", "parallel-r1"]
-    for folder, baseline in ((out / "results", "grpo-plain"), (out / "results" / "matched", "grpo-plain-matched")):
-        table = (folder / "table.md").read_text().splitlines()
-        rows = {line.split("|")[1].strip(): line for line in table[2:7]}
+    labels = ["base", "grpo-plain", "grpo-plain-matched", "sft-plain", "grpo-sft-plain-matched", "sft", "parallel-r1"]
+    tables = {"": "grpo-plain", "matched": "grpo-plain-matched", "sft-plain": "grpo-sft-plain-matched"}
+    for folder, baseline in tables.items():
+        table = (out / "results" / folder / "table.md").read_text().splitlines()
+        rows = {line.split("|")[1].strip(): line for line in table[2:9]}
         assert list(rows) == labels
         for line in rows.values():
             parallel, accuracy = line.split("|")[2:4]
             assert 0 <= float(parallel) <= 100 and 0 <= float(accuracy.split("±")[0]) <= 100
         (header,) = [i for i, line in enumerate(table) if f"mean minus {baseline}'s (points)" in line]
-        against = [line.split("|")[1].strip() for line in table[header + 2 : header + 6]]
+        against = [line.split("|")[1].strip() for line in table[header + 2 : header + 8]]
         assert against == [label for label in labels if label != baseline]  # paired by problem
-    # the matched run had 3x the completions a step of the plain one, over the same steps
+    # the matched runs had 3x the completions a step of the plain one, over the same steps
     tokens = {line.split("|")[1].strip(): line.split("|")[2:4] for line in
               (out / "results" / "tokens.md").read_text().splitlines()[2:]}  # fmt: skip
-    assert list(tokens) == ["grpo-plain", "grpo-plain-matched", "parallel-r1"]
-    assert int(tokens["grpo-plain-matched"][1]) == 3 * int(tokens["grpo-plain"][1])
-    assert tokens["grpo-plain-matched"][0] == tokens["grpo-plain"][0] == tokens["parallel-r1"][0]
+    assert list(tokens) == ["grpo-plain", "grpo-plain-matched", "grpo-sft-plain-matched", "parallel-r1"]
+    for matched in ("grpo-plain-matched", "grpo-sft-plain-matched"):
+        assert int(tokens[matched][1]) == 3 * int(tokens["grpo-plain"][1])
+        assert tokens[matched][0] == tokens["grpo-plain"][0] == tokens["parallel-r1"][0]
     assert sorted(p.name for p in (out / "results").glob("*.png"))
     assert (out / "results" / "votes.md").read_text().startswith("| Model | Answers | With a block % |")
     stages = (out / "timings.md").read_text()
-    assert stages.count("\n| ") == 16 and "total" in stages  # fifteen stages and the total
-    assert len(list((out / "logs").glob("*.log"))) == 15
+    assert stages.count("\n| ") == 22 and "total" in stages  # twenty-one stages and the total
+    assert len(list((out / "logs").glob("*.log"))) == 21
     assert "Table:" in result.stdout and "Logs:" in result.stdout
     probe = subprocess.run(
         [sys.executable, "-m", "parallel_r1.testing.demo.probe", str(out / "sft"), str(out / "grpo"),

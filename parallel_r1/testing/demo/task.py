@@ -150,6 +150,17 @@ def varied_width_teacher(messages: list, seed: int) -> str:
     return teacher(messages, seed, WIDTHS)
 
 
+def plain_teacher(messages: list, seed: int) -> str:
+    """`teacher` with a plain solution for every problem (its attempt slips as often): the cold start of a plain SFT
+    run, the control that gets the teacher's correct traces without blocks."""
+    from ...data.loaders import problem_text
+
+    problem = Problem.parse(problem_text(messages))
+    rng = random.Random(seed)
+    slip = rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
+    return problem.plain_solution(slip)
+
+
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
     """The problems of each stage, drawn once (seeded):
 
