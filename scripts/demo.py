@@ -347,7 +347,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--matched",
         action="store_true",
-        help="also plain GRPO with 3x the completions a step, as many trained tokens as Parallel-R1 (make demo-matched)",
+        help="also plain GRPO with 3x the completions a step (Parallel-R1's tokens), from the base and from a plain SFT "
+        "(make demo-matched)",
     )
     parser.add_argument(
         "--rl_steps",

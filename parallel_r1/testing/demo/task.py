@@ -109,6 +109,11 @@ class Problem:
         return f"{lead}<Parallel>{paths}</Parallel>\n<Summary>{listing}Final Answer: {vote}{end}"
 
 
+def draw_slip(rng: random.Random) -> int:
+    """One attempt's mistake: with chance `TEACHER_SLIP` a first product off by one to nine, else 0."""
+    return rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
+
+
 def majority(values: list[int]) -> int:
     """The value most of `values` agree on; on a tie, the first of the tied values to appear."""
     counts = Counter(values)
@@ -130,15 +135,12 @@ def teacher(messages: list, seed: int, widths: tuple[int, ...] = (NUM_PATHS,)) -
     problem = Problem.parse(problem_text(messages))
     rng = random.Random(seed)
 
-    def slip() -> int:
-        return rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
-
     kind = rng.random()
     if kind < TEACHER_PLAIN:
-        return problem.plain_solution(slip())
-    first = slip() if kind < TEACHER_PLAIN + TEACHER_LATE else None
+        return problem.plain_solution(draw_slip(rng))
+    first = draw_slip(rng) if kind < TEACHER_PLAIN + TEACHER_LATE else None
     width = widths[0] if len(widths) == 1 else rng.choice(widths)
-    slips = tuple(slip() for _ in range(width))
+    slips = tuple(draw_slip(rng) for _ in range(width))
     return problem.parallel_trace(
         slips, close_summary=rng.random() >= TEACHER_MALFORMED, first=first, listed=SUMMARY_LISTS_RESULTS
     )
@@ -155,10 +157,7 @@ def plain_teacher(messages: list, seed: int) -> str:
     run, the control that gets the teacher's correct traces without blocks."""
     from ...data.loaders import problem_text
 
-    problem = Problem.parse(problem_text(messages))
-    rng = random.Random(seed)
-    slip = rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
-    return problem.plain_solution(slip)
+    return Problem.parse(problem_text(messages)).plain_solution(draw_slip(random.Random(seed)))
 
 
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
