@@ -73,7 +73,7 @@ QUICK = {
 MATCHED_GROUPS = 3  # the matched baseline's completions a step, as a multiple of the recipe's
 MATCHED = "grpo-plain-matched"  # its label and folder
 PLAIN_SFT_MATCHED = "grpo-sft-plain-matched"  # the same from a plain SFT on the teacher's plain solutions
-RL_RUNS_MATCHED = ("grpo-plain", MATCHED, PLAIN_SFT_MATCHED)  # the plain RL runs of --matched
+MATCHED_MODELS = (MATCHED, "sft-plain", PLAIN_SFT_MATCHED)  # the models --matched adds, each evaluated plainly
 
 
 class Demo:
@@ -203,7 +203,7 @@ class Demo:
                 [*PYTHON, "scripts/plot.py", "--evaluations", *folders, "--baseline", baseline,
                  "--output_dir", str(results / folder)],
             )  # fmt: skip
-        runs = {label: self.out / label / "trainer_state.json" for label in RL_RUNS_MATCHED}
+        runs = {label: self.out / label / "trainer_state.json" for label in ("grpo-plain", MATCHED, PLAIN_SFT_MATCHED)}
         runs["parallel-r1"] = self.out / "grpo" / "trainer_state.json"
         (results / "tokens.md").write_text(token_table(runs) + "\n")
 
@@ -231,11 +231,10 @@ class Demo:
         folders = [
             self.evaluate("base-special", "base", plain=True),
             self.evaluate("grpo-plain", "grpo-plain", plain=True),
-            *[self.evaluate(run, run, plain=True) for run in ([MATCHED, "sft-plain", PLAIN_SFT_MATCHED]
-                                                              if self.matched else [])],
+            *[self.evaluate(model, model, plain=True) for model in (MATCHED_MODELS if self.matched else ())],
             self.evaluate("sft", "sft"),
             self.evaluate("grpo", "parallel-r1"),
-        ]  # fmt: skip
+        ]
         results = Path(self.path("results"))
         self.stage(
             "the table and the plots",
@@ -247,7 +246,7 @@ class Demo:
         models = ["base-special", "grpo-plain", "sft", "grpo"]
         if self.matched:
             self.matched_tables(folders, results)
-            models[2:2] = [MATCHED, "sft-plain", PLAIN_SFT_MATCHED]
+            models[2:2] = MATCHED_MODELS
         votes = vote_report({label: self.path("eval", label) for label in ("sft", "parallel-r1")})
         (results / "votes.md").write_text(votes + "\n")
         self.summary(results / "table.md", models, self.out / "timings.md")

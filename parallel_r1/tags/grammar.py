@@ -189,8 +189,8 @@ class GrammarForward:
     `.entropy` (one value per position, the last `logits_to_keep` being the completion). This runs the model's
     own forward on the same inputs for the completion's logits, removes at each completion position what the
     grammar banned there (recomputed from the ids), divides a summary's logits by `summary_temperature` (when
-    set) and the others' by `temperature`, as the sampler drew them, and returns the same fields. The completion of every row
-    starts at column `completion_start`; its padding (attention mask 0) is scored 0, as TRL does.
+    set) and the others' by `temperature`, as the sampler drew them, and returns the same fields. The completion
+    of every row starts at column `completion_start`; its padding (attention mask 0) is scored 0, as TRL does.
     Unlike TRL's fused head it materialises the completion's logits (rows x completion x vocabulary, in the
     model's dtype), and the head runs in that dtype (`cast_lm_head_to_fp32` does not apply); the softmax is
     float32, a chunk at a time (`masked_logps`).

@@ -18,6 +18,7 @@ the paths isolated from each other, as sampled).
 from __future__ import annotations
 
 import argparse
+import math
 import random
 
 import torch
@@ -25,7 +26,7 @@ import torch
 from ...data.prompts import build_prompt, prompt_ids
 from ...durable import read_lines
 from ...policy import ParallelPolicy, load_for_sampling
-from .task import Problem
+from .task import Problem, slip_size
 
 CASES = {"right majority": (0, 1, 0), "wrong majority": (1, 0, 1), "all agree": (0, 0, 0)}  # 1: the slipped path
 
@@ -54,15 +55,14 @@ def probe(model_path: str, problems: list[Problem], seed: int = 0) -> dict:
     rng = random.Random(seed)
     sums = {case: [0.0, 0.0, 0.0] for case in CASES}
     for problem in problems:
-        slip = rng.choice([-1, 1]) * rng.randint(1, 9)
+        slip = slip_size(rng)
         right, wrong = problem.answer, problem.working(slip)[1]
         for case, pattern in CASES.items():
             slips = tuple(slip * s for s in pattern)
             majority, minority = (right, wrong) if pattern[0] == 0 else (wrong, right)
-            p_major = value_logprob(policy, model, problem, slips, majority)
-            p_minor = value_logprob(policy, model, problem, slips, minority) if case != "all agree" else -float("inf")
-            p = [torch.tensor(p_major).exp().item(), torch.tensor(p_minor).exp().item()]
-            for i, value in enumerate([*p, 1 - sum(p)]):
+            p_major = math.exp(value_logprob(policy, model, problem, slips, majority))
+            p_minor = math.exp(value_logprob(policy, model, problem, slips, minority)) if case != "all agree" else 0.0
+            for i, value in enumerate([p_major, p_minor, 1 - p_major - p_minor]):
                 sums[case][i] += value
     return {case: [100 * s / len(problems) for s in values] for case, values in sums.items()}
 

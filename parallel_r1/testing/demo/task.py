@@ -109,9 +109,14 @@ class Problem:
         return f"{lead}<Parallel>{paths}</Parallel>\n<Summary>{listing}Final Answer: {vote}{end}"
 
 
+def slip_size(rng: random.Random) -> int:
+    """A mistake in a first product: off by one to nine, up or down."""
+    return rng.choice([-1, 1]) * rng.randint(1, 9)
+
+
 def draw_slip(rng: random.Random) -> int:
-    """One attempt's mistake: with chance `TEACHER_SLIP` a first product off by one to nine, else 0."""
-    return rng.choice([-1, 1]) * rng.randint(1, 9) if rng.random() < TEACHER_SLIP else 0
+    """One attempt's mistake: with chance `TEACHER_SLIP` a `slip_size`, else 0."""
+    return slip_size(rng) if rng.random() < TEACHER_SLIP else 0
 
 
 def majority(values: list[int]) -> int:
