@@ -4,6 +4,7 @@ decoded on its own critical path."""
 import gc
 
 import pytest
+import torch
 from rollout_helpers import engine, prompts
 
 from parallel_r1.rollout import Segment
@@ -100,6 +101,47 @@ def test_forks_and_joins_share_the_completions_row(tag_prone):
     own = [set(c.sees.nonzero().flatten().tolist()) - set(parent.sees.nonzero().flatten().tolist()) for c in children]
     assert own[0] and own[1] and not own[0] & own[1]  # each path sees its own slots, not its sibling's
     assert set(merged.sees.nonzero().flatten().tolist()) >= own[0] | own[1]  # the summary sees both
+
+
+def test_every_query_attends_to_exactly_the_slots_it_sees(tag_prone):
+    """A forward mixing single decoding steps, a block's paths (2 and 3 queries in rows far apart), a row that reads
+    nothing and a long read (12 queries): whichever call attends a query, its output is the softmax over exactly the
+    slots it sees, and its key and value are stored in its slot."""
+    from types import SimpleNamespace
+
+    from parallel_r1.rollout.kv_pool import fork_join_attention, plan_forward
+
+    _, model, _, _ = tag_prone
+    torch.manual_seed(0)
+    pool = KVPool(model, 2, 8)
+    rows = [pool.new_row() for _ in range(40)]
+    counts = {index: 1 for index in range(40)} | {3: 2, 31: 3, 17: 12, 20: 0}
+    tokens, slots = [], []
+    for row in rows:
+        pool.reserve(row, 30 + row.index)  # what each row held before, of unequal lengths
+        first = pool.reserve(row, counts[row.index])
+        tokens += [row] * counts[row.index]
+        slots += range(first, first + counts[row.index])
+    for layer in pool.keys + pool.values:
+        layer.normal_()
+    length = max(row.used for row in rows)
+    visible = torch.rand(len(tokens), length) < 0.6
+    visible[torch.arange(len(tokens)), torch.tensor(slots)] = True  # a token sees itself
+    for t, row in enumerate(tokens):
+        visible[t, row.used :] = False
+    plan = plan_forward(pool, tokens, slots, visible)
+    assert sorted(group.width for group in plan.groups) == [3, 12]  # the long read alone
+
+    heads, kv_heads, dim = 4, pool.kv_heads, pool.head_dim
+    query, key, value = (torch.randn(1, n, len(tokens), dim) for n in (heads, kv_heads, kv_heads))
+    out, _ = fork_join_attention(SimpleNamespace(layer_idx=0), query, key, value, None, scaling=0.125, fork_join=plan)
+    for t, row in enumerate(tokens):
+        assert torch.equal(pool.keys[0][row.index, :, slots[t]], key[0, :, t])  # the new key is in its slot
+        seen = visible[t].nonzero().flatten()
+        keys = pool.keys[0][row.index][:, seen].repeat_interleave(heads // kv_heads, 0)  # [heads, seen, dim]
+        values = pool.values[0][row.index][:, seen].repeat_interleave(heads // kv_heads, 0)
+        weights = torch.softmax(torch.einsum("hd,hsd->hs", query[0, :, t], keys) * 0.125, -1)
+        torch.testing.assert_close(out[0, t], torch.einsum("hs,hsd->hd", weights, values), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["fork", "sequential"])
