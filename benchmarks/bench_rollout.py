@@ -22,7 +22,10 @@ For each batch size and backend the same prompts are decoded by:
 - rounds: the same with `schedule="rounds"`: every completion waits for the batch's slowest segment, as the engine
   did before;
 - official: per-completion scheduling, each path and summary reading its whole context again, as the official
-  code's agent loop does without a prefix cache (transformers `kv_reuse="per_request"`; vLLM prefix caching off);
+  code's agent loop does without a prefix cache (transformers `kv_reuse="per_request"`; vLLM prefix caching off),
+  and each of a block's paths decoded to its own budget, what lies past the cap thrown away afterwards (the official
+  recipe lets a path run to 4,096 tokens under a 3,000-token cap; the engine ends a path once all it could still
+  add lies past the cap: `backend.Room`);
 - plain: each completion's T tokens decoded in one stream, one token a step, the streams scheduled on their own
   (what a model that writes its paths one after the other pays);
 - ideal: the longest critical path, max over completions of the sampled tokens one after another (`critical`).
@@ -306,7 +309,9 @@ class Runner:
             rollouts = self.plain(backend, prompts, seeds, lengths)
         else:
             schedule = "rounds" if strategy == "rounds" else "per_completion"
-            engine = ForkJoinEngine(backend, self.tokens, config, schedule)
+            engine = (OfficialEngine if strategy == "official" else ForkJoinEngine)(
+                backend, self.tokens, config, schedule
+            )
             stacked = _StackCount(backend) if strategy == "rounds" and self.name == "transformers" else None
             rollouts = engine.generate(prompts, seeds)
         seconds = time.perf_counter() - start
@@ -326,6 +331,17 @@ class Runner:
         while len(done) < len(segments):
             done.update(backend.step())
         return [done[s] for s in segments]
+
+
+class OfficialEngine(ForkJoinEngine):
+    """The engine with the official code's budget: each of a block's paths runs to its own budget, and what lies
+    past the completion's cap is thrown away afterwards (no shared `Room`)."""
+
+    def _segments(self, state):
+        segments = super()._segments(state)
+        for segment in segments:
+            segment.room = None
+        return segments
 
 
 class _StackCount:

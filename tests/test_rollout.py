@@ -279,6 +279,53 @@ def test_a_completion_does_not_depend_on_its_batch_or_schedule(tag_prone, name):
             torch.testing.assert_close(torch.tensor(other.logprobs), torch.tensor(rollout.logprobs), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("attention", ["isolated", "causal"])
+def test_paths_that_can_only_add_tokens_past_the_cap_end_and_no_completion_changes(tag_prone, attention, monkeypatch):
+    """A block's first paths share the room left before the cap (`Room`): a path ends once all it could still add
+    lies past the cap. Every completion is the same token for token as when each path runs to its own budget, and
+    fewer tokens are sampled."""
+    from parallel_r1.rollout.backend import Room
+
+    _, _, tokenizer, _ = tag_prone
+    batch = prompts(tokenizer) * 2
+    seeds = list(range(300, 300 + len(batch)))
+    config = dict(attention=attention, rollout_mode="fork", min_paths=3, max_paths=3, max_path_tokens=80)
+    config.update(max_completion_length=90)
+    runs, sampled = {}, {}
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(Room, "full", lambda room, segment: False)
+        rollout_engine = engine(tag_prone, **config)
+        counted = {"tokens": 0}
+        choose = rollout_engine.backend._choose
+
+        def counting(logits, segments, choose=choose, counted=counted):
+            counted["tokens"] += len(segments)
+            return choose(logits, segments)
+
+        monkeypatch.setattr(rollout_engine.backend, "_choose", counting)
+        runs[shared], sampled[shared] = rollout_engine.generate(batch, seeds), counted["tokens"]
+    cut = [r for r in runs[True] if r.blocks and r.finish == "length"]
+    assert len(cut) >= 3  # blocks that overflow the cap
+    for with_room, without in zip(runs[True], runs[False]):
+        assert with_room.completion_ids == without.completion_ids and with_room.env_mask == without.env_mask
+        torch.testing.assert_close(torch.tensor(with_room.logprobs), torch.tensor(without.logprobs), atol=1e-5, rtol=0)
+    assert sampled[True] < 0.9 * sampled[False]
+
+
+def test_a_room_is_full_once_the_tokens_before_a_segment_and_its_own_fill_it():
+    from parallel_r1.rollout.backend import Room
+
+    first, second, third = (Segment(stream=None, max_new=10) for _ in range(3))
+    room = Room(10, lead=1, segments=[first, second, third])
+    room.produced = {first: 3, second: 4}  # [<Path> 3 tokens] [<Path> 4 tokens] [<Path>]: 10 tokens
+    assert [room.full(s) for s in (first, second, third)] == [False, False, True]
+    room.produced[first] = 9  # the first path alone fills it: the others can add nothing that is kept
+    assert [room.full(s) for s in (first, second, third)] == [True, True, True]
+    with pytest.raises(ValueError, match="does not share"):
+        room.full(Segment(stream=None, max_new=1))
+
+
 def test_seeds_decide_the_completions(tag_prone):
     """Other seeds, other completions; the backend's own seed (Sampling.seed) gives each call new seeds."""
     _, _, tokenizer, _ = tag_prone

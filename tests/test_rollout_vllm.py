@@ -185,6 +185,37 @@ def test_a_completion_does_not_depend_on_its_batch_on_vllm(tag_prone, llm):
     assert any(len({path.body for path in block.paths}) > 1 for block in blocks)
 
 
+def test_paths_that_can_only_add_tokens_past_the_cap_are_aborted_on_vllm(tag_prone, llm, monkeypatch):
+    """Colocated, a block's first paths are watched as they grow and aborted once all they could still add lies past
+    the cap (`Room`): the completions are the same as when each path runs to its own budget, with fewer tokens
+    decoded."""
+    from parallel_r1.rollout.backend import Room
+
+    _, _, tokenizer, _ = tag_prone
+    batch = prompts(tokenizer) * 2
+    seeds = list(range(700, 700 + len(batch)))
+    config = dict(attention="tree", rollout_mode="fork", min_paths=3, max_paths=3, max_path_tokens=60)
+    config.update(max_completion_length=60)
+    runs, decoded = {}, {}
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(Room, "full", lambda room, segment: False)
+        backend = VLLMBackend(llm=llm, sampling=Sampling(1.0))
+        counted = {"tokens": 0}
+        finish = backend._finish
+
+        def counting(segment, tokens, logprobs, finish=finish, counted=counted):
+            counted["tokens"] += len(tokens)
+            return finish(segment, tokens, logprobs)
+
+        monkeypatch.setattr(backend, "_finish", counting)
+        runs[shared] = vllm_engine(tag_prone, backend, **config).generate(batch, seeds)
+        decoded[shared] = counted["tokens"]
+    assert sum(1 for r in runs[True] if r.blocks and r.finish == "length") >= 5  # blocks that overflow the cap
+    assert [r.completion_ids for r in runs[True]] == [r.completion_ids for r in runs[False]]
+    assert decoded[True] < 0.95 * decoded[False]  # 845 against 959 tokens when written
+
+
 class _GatedClient:
     """A stand-in for TRL's VLLMClient whose answers wait until `expected` requests are in flight at once."""
 

@@ -68,7 +68,8 @@ class Segment:
     `end_ids` (kept; finish "stop" or "eos"). When the budget runs out first, the `closer` (if any) is
     appended as an inserted token. `banned` tokens are never sampled (their probability is 0); with `only`,
     nothing but those ids is (an allow-list over the whole vocabulary). `temperature`, when set, replaces the
-    backend's sampling temperature for this segment (unless that is 0: greedy stays greedy).
+    backend's sampling temperature for this segment (unless that is 0: greedy stays greedy). `room`: the room it
+    shares with the segments decoded beside it, which may end it before its budget (`Room`).
     """
 
     stream: Any
@@ -79,6 +80,33 @@ class Segment:
     banned: frozenset = frozenset()
     only: frozenset | None = None
     temperature: float | None = None
+    room: Room | None = None
+
+
+@dataclass(eq=False)
+class Room:
+    """The room that segments decoded at once share when their tokens are kept one after the other, each after
+    `lead` inserted tokens, and only the first `size` of them all are kept (a block's first paths near the
+    completion's length cap).
+
+    A segment is `full` once every token it could still sample would land past the room: the tokens before it and
+    its own so far (`produced`, which the backend keeps up to date) fill it, and the earlier segments can only grow.
+    A backend that sees its tokens as they come ends a full segment as if its budget had run out. That changes
+    nothing that is kept, since each segment's tokens are drawn from its own stream (`stream_seed`), and it saves
+    decoding tokens that would be thrown away."""
+
+    size: int
+    lead: int
+    segments: list = field(default_factory=list)  # in the order their tokens are kept
+    produced: dict = field(default_factory=dict)  # segment -> tokens it has produced so far
+
+    def full(self, segment: Segment) -> bool:
+        spent = 0
+        for other in self.segments:
+            spent += self.lead + self.produced.get(other, 0)
+            if other is segment:
+                return spent >= self.size
+        raise ValueError("the segment does not share this room")
 
 
 @dataclass

@@ -29,7 +29,8 @@ Rules:
   limit); inside a path or a summary only its closer may be sampled, and no EOS; a width decision is <Path> or
   </Parallel>.
 - The completion never exceeds `max_completion_length`: a block that would overflow is cut there
-  (what is kept was sampled exactly as kept).
+  (what is kept was sampled exactly as kept). A block's first paths share the room left (`backend.Room`): a
+  backend that sees their tokens as they come ends a path once all it could still add lies past the cap.
 - Inserted tokens carry env_mask 0 and log-prob 0.0; sampled tokens (width decisions included) carry env_mask 1
   and the sampler's log-prob. A completion holds at most one EOS, at its end.
 """
@@ -48,7 +49,7 @@ from ..tags.grammar import Grammar, SampledPhase
 from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..tags.tokens import tag_vocab
 from .arguments import ENGINE_MODES, RolloutArguments
-from .backend import Backend, Decoded, Finish, Segment
+from .backend import Backend, Decoded, Finish, Room, Segment
 
 SEPARATOR = "\n"  # inserted between </Parallel> and <Summary>
 EnginePhase = Literal[SampledPhase, "done"]  # a completion's phase: one the model samples in, or over
@@ -218,7 +219,12 @@ class ForkJoinEngine:
         if state.phase == "path":
             budget = max(1, min(cfg.max_path_tokens, room - 1))
             streams = state.decoding if self.fork else [state.stream]
-            return [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
+            segments = [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
+            if len(segments) > 1:  # the block's first paths, each after its inserted <Path>: what fits is kept
+                shared = Room(room, lead=1, segments=segments)
+                for segment in segments:
+                    segment.room = shared
+            return segments
         if state.phase == "decide":
             return [self._segment(state.decision_stream, "decide", rollout.blocks, 1)]
         budget = max(1, min(cfg.max_summary_tokens, room - 1))

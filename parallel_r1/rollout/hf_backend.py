@@ -426,13 +426,16 @@ class _attention:
 
 def _emit(segment: Segment, out: Decoded, token: int, logprob: float) -> list[int]:
     """Apply a segment's rules to the token sampled for it; return what goes into the stream (the token, and the
-    closer when the budget ends the segment). `out.finish` is "running" while the segment goes on."""
+    closer when the budget, or a full room, ends the segment). `out.finish` is "running" while the segment goes
+    on."""
     _add(out, token, logprob, True)
+    if segment.room is not None:
+        segment.room.produced[segment] = len(out.tokens)
     if token in segment.end_ids:
         out.finish = "eos"
     elif token in segment.stop_ids:
         out.finish = "stop"
-    elif len(out.tokens) == segment.max_new:
+    elif len(out.tokens) == segment.max_new or (segment.room is not None and segment.room.full(segment)):
         out.finish = "length"
         if segment.closer is not None:
             _add(out, segment.closer, 0.0, False)

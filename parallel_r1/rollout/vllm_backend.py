@@ -108,7 +108,8 @@ class VLLMBackend:
     (`llm_engine.step()`): continuous batching keeps every running request in each step, and a request added
     between two steps joins the next. Server mode sends each request from a pool of `max_concurrent_requests`
     threads, and `step` waits for the next answer. Server mode needs `vocab_size`, the model's number of token ids
-    (`model.config.vocab_size`), to write bans as `allowed_token_ids`.
+    (`model.config.vocab_size`), to write bans as `allowed_token_ids`. Colocated, a segment that shares a `Room` is
+    ended once the room is full; a server request is decoded whole (what the engine keeps is the same).
     """
 
     def __init__(
@@ -207,7 +208,9 @@ class VLLMBackend:
                 params["seed"] = None
             tokens, seats = tokens - length, seats - 1  # (upper bounds: cached prefixes cost less)
             request = f"parallel-r1-{next(self._requests)}"
-            params = SamplingParams(detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY, **params)
+            # a segment that shares a room is watched as it grows (`step`), the others heard of once, at their end
+            kind = RequestOutputKind.FINAL_ONLY if segment.room is None else RequestOutputKind.CUMULATIVE
+            params = SamplingParams(detokenize=False, output_kind=kind, **params)
             self.llm.llm_engine.add_request(request, {"prompt_token_ids": list(segment.stream.ids)}, params)
             self._pending[request] = segment
             self._fresh.append(length)
@@ -218,13 +221,23 @@ class VLLMBackend:
             return []
         self.steps += 1
         if self.llm is not None:
-            answers, self._fresh = [], []
+            answers, self._fresh, full = [], [], []
             for output in self.llm.llm_engine.step():
-                if output.finished and output.request_id in self._pending:
-                    completion = output.outputs[0]
-                    tokens = list(completion.token_ids)
-                    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
-                    answers.append((self._pending.pop(output.request_id), tokens, logprobs))
+                segment = self._pending.get(output.request_id)
+                if segment is None:
+                    continue
+                completion = output.outputs[0]
+                if segment.room is not None:
+                    segment.room.produced[segment] = len(completion.token_ids)
+                if not output.finished:
+                    if segment.room is None or not segment.room.full(segment):
+                        continue
+                    full.append(output.request_id)  # ended as its budget would end it (`finish_segment`)
+                tokens = list(completion.token_ids)
+                logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
+                answers.append((self._pending.pop(output.request_id), tokens, logprobs))
+            if full:
+                self.llm.llm_engine.abort_request(full)
             self._admit()
         else:
             done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
