@@ -23,9 +23,9 @@ For each batch size and backend the same prompts are decoded by:
   did before;
 - official: per-completion scheduling, each path and summary reading its whole context again, as the official
   code's agent loop does without a prefix cache (transformers `kv_reuse="per_request"`; vLLM prefix caching off),
-  and each of a block's paths decoded to its own budget, what lies past the cap thrown away afterwards (the official
-  recipe lets a path run to 4,096 tokens under a 3,000-token cap; the engine ends a path once all it could still
-  add lies past the cap: `backend.Room`);
+  and each of a block's paths decoded to its own budget (the engine's: up to the room left), what lies past the cap
+  thrown away afterwards (the engine ends a path once all it could still add lies past the cap: `backend.Room`; the
+  official recipe lets a path run to 4,096 tokens under a 3,000-token cap, so it throws away more than this);
 - plain: each completion's T tokens decoded in one stream, one token a step, the streams scheduled on their own
   (what a model that writes its paths one after the other pays);
 - ideal: the longest critical path, max over completions of the sampled tokens one after another (`critical`).

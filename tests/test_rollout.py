@@ -1,5 +1,6 @@
 """The fork-join engine on the transformers backend: exact, masked, budgeted, any K."""
 
+import gc
 from typing import get_args
 
 import pytest
@@ -282,8 +283,8 @@ def test_a_completion_does_not_depend_on_its_batch_or_schedule(tag_prone, name):
 @pytest.mark.parametrize("attention", ["isolated", "causal"])
 def test_paths_that_can_only_add_tokens_past_the_cap_end_and_no_completion_changes(tag_prone, attention, monkeypatch):
     """A block's first paths share the room left before the cap (`Room`): a path ends once all it could still add
-    lies past the cap. Every completion is the same token for token as when each path runs to its own budget, and
-    fewer tokens are sampled."""
+    lies past the cap. Every completion is the same token for token as when each path runs to its own budget (its
+    log-probs to 1e-5: other streams share its forwards), and fewer tokens are sampled."""
     from parallel_r1.rollout.backend import Room
 
     _, _, tokenizer, _ = tag_prone
@@ -294,7 +295,7 @@ def test_paths_that_can_only_add_tokens_past_the_cap_end_and_no_completion_chang
     runs, sampled = {}, {}
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(Room, "full", lambda room, segment: False)
+            monkeypatch.setattr(Room, "update", lambda room, place, produced: False)
         rollout_engine = engine(tag_prone, **config)
         counted = {"tokens": 0}
         choose = rollout_engine.backend._choose
@@ -304,7 +305,12 @@ def test_paths_that_can_only_add_tokens_past_the_cap_end_and_no_completion_chang
             return choose(logits, segments)
 
         monkeypatch.setattr(rollout_engine.backend, "_choose", counting)
-        runs[shared], sampled[shared] = rollout_engine.generate(batch, seeds), counted["tokens"]
+        gc.disable()  # the room refers to no segment: once the call is over, nothing holds the cache
+        try:
+            runs[shared], sampled[shared] = rollout_engine.generate(batch, seeds), counted["tokens"]
+            assert rollout_engine.backend._pool_ref() is None
+        finally:
+            gc.enable()
     cut = [r for r in runs[True] if r.blocks and r.finish == "length"]
     assert len(cut) >= 3  # blocks that overflow the cap
     for with_room, without in zip(runs[True], runs[False]):
@@ -316,14 +322,11 @@ def test_paths_that_can_only_add_tokens_past_the_cap_end_and_no_completion_chang
 def test_a_room_is_full_once_the_tokens_before_a_segment_and_its_own_fill_it():
     from parallel_r1.rollout.backend import Room
 
-    first, second, third = (Segment(stream=None, max_new=10) for _ in range(3))
-    room = Room(10, lead=1, segments=[first, second, third])
-    room.produced = {first: 3, second: 4}  # [<Path> 3 tokens] [<Path> 4 tokens] [<Path>]: 10 tokens
-    assert [room.full(s) for s in (first, second, third)] == [False, False, True]
-    room.produced[first] = 9  # the first path alone fills it: the others can add nothing that is kept
-    assert [room.full(s) for s in (first, second, third)] == [True, True, True]
-    with pytest.raises(ValueError, match="does not share"):
-        room.full(Segment(stream=None, max_new=1))
+    room = Room(10, openers=1, produced=[0, 0, 0])
+    assert not room.update(0, 3) and not room.update(1, 4)  # [<Path> 3 tokens] [<Path> 4 tokens]: 9 of 10
+    assert room.update(2, 0)  # [<Path>] of the third path fills the room: nothing it writes is kept
+    assert room.update(0, 9)  # the first path alone fills it
+    assert room.update(1, 4) and room.update(2, 0)  # and so the later ones, whatever they have written
 
 
 def test_seeds_decide_the_completions(tag_prone):

@@ -199,7 +199,7 @@ def test_paths_that_can_only_add_tokens_past_the_cap_are_aborted_on_vllm(tag_pro
     runs, decoded = {}, {}
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(Room, "full", lambda room, segment: False)
+            monkeypatch.setattr(Room, "update", lambda room, place, produced: False)
         backend = VLLMBackend(llm=llm, sampling=Sampling(1.0))
         counted = {"tokens": 0}
         finish = backend._finish
@@ -212,7 +212,10 @@ def test_paths_that_can_only_add_tokens_past_the_cap_are_aborted_on_vllm(tag_pro
         runs[shared] = vllm_engine(tag_prone, backend, **config).generate(batch, seeds)
         decoded[shared] = counted["tokens"]
     assert sum(1 for r in runs[True] if r.blocks and r.finish == "length") >= 5  # blocks that overflow the cap
-    assert [r.completion_ids for r in runs[True]] == [r.completion_ids for r in runs[False]]
+    for with_room, without in zip(runs[True], runs[False], strict=True):
+        assert with_room.completion_ids == without.completion_ids and with_room.env_mask == without.env_mask
+        assert len(with_room.logprobs) == len(with_room.completion_ids)  # a watched request's log-probs, whole
+        torch.testing.assert_close(torch.tensor(with_room.logprobs), torch.tensor(without.logprobs), atol=1e-5, rtol=0)
     assert decoded[True] < 0.95 * decoded[False]  # 845 against 959 tokens when written
 
 

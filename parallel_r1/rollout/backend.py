@@ -23,7 +23,8 @@ them:
 - `release(stream)`: the completion of `stream` is over (the backend may forget what it keeps for it);
 - `step()`: advance every submitted segment by one decoding step (the transformers backend: one model forward
   over every stream that has tokens to read; vLLM: one engine step, or the next server answer) and return the
-  segments that ended in it, with what they produced. A segment submitted between two steps joins the next one:
+  segments that ended in it, with what they produced. A backend that sees tokens as they come ends a segment whose
+  `Room` is full as its budget would; one that does not (a vLLM server) decodes it whole, and nothing kept differs. A segment submitted between two steps joins the next one:
   nothing waits for the others of its batch.
 
 Sampling does not depend on scheduling: the i-th token a stream draws comes from random numbers that are a
@@ -69,7 +70,8 @@ class Segment:
     appended as an inserted token. `banned` tokens are never sampled (their probability is 0); with `only`,
     nothing but those ids is (an allow-list over the whole vocabulary). `temperature`, when set, replaces the
     backend's sampling temperature for this segment (unless that is 0: greedy stays greedy). `room`: the room it
-    shares with the segments decoded beside it, which may end it before its budget (`Room`).
+    shares with the segments decoded beside it, at `place` in their order, which may end it before its budget
+    (`Room`).
     """
 
     stream: Any
@@ -81,32 +83,29 @@ class Segment:
     only: frozenset | None = None
     temperature: float | None = None
     room: Room | None = None
+    place: int = 0
 
 
 @dataclass(eq=False)
 class Room:
     """The room that segments decoded at once share when their tokens are kept one after the other, each after
-    `lead` inserted tokens, and only the first `size` of them all are kept (a block's first paths near the
-    completion's length cap).
+    `openers` inserted tokens, and only the first `size` of them all are kept (a block's first paths near the
+    completion's length cap). A segment knows its place in that order (`Segment.place`).
 
-    A segment is `full` once every token it could still sample would land past the room: the tokens before it and
-    its own so far (`produced`, which the backend keeps up to date) fill it, and the earlier segments can only grow.
-    A backend that sees its tokens as they come ends a full segment as if its budget had run out. That changes
-    nothing that is kept, since each segment's tokens are drawn from its own stream (`stream_seed`), and it saves
-    decoding tokens that would be thrown away."""
+    A segment is full once every token it could still sample would land past the room: the tokens before it (the
+    earlier segments so far, which can only grow) and its own fill it. A backend that sees a segment's tokens as
+    they come reports them (`update`) and ends a full segment as if its budget had run out. That changes nothing
+    that is kept, since each segment's tokens are drawn from its own stream (`stream_seed`), and it saves decoding
+    tokens that would be thrown away. The room holds counts, not segments, so it keeps nothing alive."""
 
     size: int
-    lead: int
-    segments: list = field(default_factory=list)  # in the order their tokens are kept
-    produced: dict = field(default_factory=dict)  # segment -> tokens it has produced so far
+    openers: int
+    produced: list  # tokens each segment has produced so far, in the order they are kept
 
-    def full(self, segment: Segment) -> bool:
-        spent = 0
-        for other in self.segments:
-            spent += self.lead + self.produced.get(other, 0)
-            if other is segment:
-                return spent >= self.size
-        raise ValueError("the segment does not share this room")
+    def update(self, place: int, produced: int) -> bool:
+        """The segment at `place` has produced `produced` tokens: is it full?"""
+        self.produced[place] = produced
+        return sum(self.openers + count for count in self.produced[: place + 1]) >= self.size
 
 
 @dataclass

@@ -220,10 +220,10 @@ class ForkJoinEngine:
             budget = max(1, min(cfg.max_path_tokens, room - 1))
             streams = state.decoding if self.fork else [state.stream]
             segments = [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
-            if len(segments) > 1:  # the block's first paths, each after its inserted <Path>: what fits is kept
-                shared = Room(room, lead=1, segments=segments)
-                for segment in segments:
-                    segment.room = shared
+            if len(segments) > 1 and len(segments) * (budget + 2) >= room:  # each <Path> + tokens + closer overflows
+                shared = Room(room, openers=1, produced=[0] * len(segments))
+                for place, segment in enumerate(segments):
+                    segment.room, segment.place = shared, place
             return segments
         if state.phase == "decide":
             return [self._segment(state.decision_stream, "decide", rollout.blocks, 1)]

@@ -429,13 +429,12 @@ def _emit(segment: Segment, out: Decoded, token: int, logprob: float) -> list[in
     closer when the budget, or a full room, ends the segment). `out.finish` is "running" while the segment goes
     on."""
     _add(out, token, logprob, True)
-    if segment.room is not None:
-        segment.room.produced[segment] = len(out.tokens)
+    full = segment.room is not None and segment.room.update(segment.place, len(out.tokens))
     if token in segment.end_ids:
         out.finish = "eos"
     elif token in segment.stop_ids:
         out.finish = "stop"
-    elif len(out.tokens) == segment.max_new or (segment.room is not None and segment.room.full(segment)):
+    elif len(out.tokens) == segment.max_new or full:
         out.finish = "length"
         if segment.closer is not None:
             _add(out, segment.closer, 0.0, False)

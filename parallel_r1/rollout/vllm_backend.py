@@ -221,23 +221,22 @@ class VLLMBackend:
             return []
         self.steps += 1
         if self.llm is not None:
-            answers, self._fresh, full = [], [], []
+            answers, self._fresh, cut = [], [], []
             for output in self.llm.llm_engine.step():
                 segment = self._pending.get(output.request_id)
                 if segment is None:
                     continue
                 completion = output.outputs[0]
-                if segment.room is not None:
-                    segment.room.produced[segment] = len(completion.token_ids)
+                full = segment.room is not None and segment.room.update(segment.place, len(completion.token_ids))
                 if not output.finished:
-                    if segment.room is None or not segment.room.full(segment):
+                    if not full:
                         continue
-                    full.append(output.request_id)  # ended as its budget would end it (`finish_segment`)
+                    cut.append(output.request_id)  # ended as its budget would end it (`finish_segment`)
                 tokens = list(completion.token_ids)
                 logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
                 answers.append((self._pending.pop(output.request_id), tokens, logprobs))
-            if full:
-                self.llm.llm_engine.abort_request(full)
+            if cut:
+                self.llm.llm_engine.abort_request(cut)
             self._admit()
         else:
             done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
