@@ -334,8 +334,8 @@ class Runner:
 
 
 class OfficialEngine(ForkJoinEngine):
-    """The engine with the official code's budget: each of a block's paths runs to its own budget, and what lies
-    past the completion's cap is thrown away afterwards (no shared `Room`)."""
+    """The engine without the shared `Room`, as the official code: each of a block's paths runs to its own budget,
+    and what lies past the completion's cap is thrown away afterwards."""
 
     def _segments(self, state):
         segments = super()._segments(state)

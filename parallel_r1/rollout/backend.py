@@ -23,9 +23,9 @@ them:
 - `release(stream)`: the completion of `stream` is over (the backend may forget what it keeps for it);
 - `step()`: advance every submitted segment by one decoding step (the transformers backend: one model forward
   over every stream that has tokens to read; vLLM: one engine step, or the next server answer) and return the
-  segments that ended in it, with what they produced. A backend that sees tokens as they come ends a segment whose
-  `Room` is full as its budget would; one that does not (a vLLM server) decodes it whole, and nothing kept differs. A segment submitted between two steps joins the next one:
-  nothing waits for the others of its batch.
+  segments that ended in it, with what they produced. A segment submitted between two steps joins the next one:
+  nothing waits for the others of its batch. A backend that sees tokens as they come ends a segment whose `Room`
+  is full as its budget would; one that does not (a vLLM server) decodes it whole, and nothing kept differs.
 
 Sampling does not depend on scheduling: the i-th token a stream draws comes from random numbers that are a
 function of the stream's key (its completion's seed and its place in the completion: which block, which path)

@@ -220,7 +220,7 @@ class ForkJoinEngine:
             budget = max(1, min(cfg.max_path_tokens, room - 1))
             streams = state.decoding if self.fork else [state.stream]
             segments = [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
-            if len(segments) > 1 and len(segments) * (budget + 2) >= room:  # each <Path> + tokens + closer overflows
+            if len(segments) > 1 and len(segments) * (budget + 2) >= room:  # the paths may overflow the cap
                 shared = Room(room, openers=1, produced=[0] * len(segments))
                 for place, segment in enumerate(segments):
                     segment.room, segment.place = shared, place
