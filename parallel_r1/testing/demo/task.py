@@ -129,15 +129,20 @@ def all_problems() -> list[Problem]:
     return [Problem(*digits) for digits in itertools.product(range(1, 10), repeat=4)]
 
 
+def asked(messages: list) -> Problem:
+    """The problem in the last user turn of a chat (what a cold-start teacher is sent)."""
+    from ...data.loaders import problem_text
+
+    return Problem.parse(problem_text(messages))
+
+
 def teacher(messages: list, seed: int, widths: tuple[int, ...] = (NUM_PATHS,)) -> str:
     """The cold-start teacher (`backend: function`): for the problem in the last user turn, a plain solution with
     chance `TEACHER_PLAIN`, a working checked by a block with chance `TEACHER_LATE`, otherwise a block first; a
     block has `NUM_PATHS` attempts (one of `widths`, drawn evenly, when there are several) voted on in the summary.
     Each attempt slips (off by one to nine) with chance `TEACHER_SLIP`, and a trace now and then leaves `</Summary>`
     out. Seeded by the request."""
-    from ...data.loaders import problem_text
-
-    problem = Problem.parse(problem_text(messages))
+    problem = asked(messages)
     rng = random.Random(seed)
 
     kind = rng.random()
@@ -160,9 +165,7 @@ def varied_width_teacher(messages: list, seed: int) -> str:
 def plain_teacher(messages: list, seed: int) -> str:
     """`teacher` with a plain solution for every problem (its attempt slips as often): the cold start of a plain SFT
     run, the control that gets the teacher's correct traces without blocks."""
-    from ...data.loaders import problem_text
-
-    return Problem.parse(problem_text(messages)).plain_solution(draw_slip(random.Random(seed)))
+    return asked(messages).plain_solution(draw_slip(random.Random(seed)))
 
 
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
