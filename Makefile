@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-matched demo-paper demo-width bench real-model gpu-check clean
+.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-paper demo-width bench real-model gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ demo: install
 # outputs/demo-matched/results/{matched,sft-plain}/table.md, the tokens in results/tokens.md. About 35 minutes.
 demo-matched: install
 	$(PY) scripts/demo.py --matched --output_dir outputs/demo-matched
+
+# make demo-matched with a summary trained to vote: a cold start where two answers in three are vote drills, and an
+# SFT four times as long that weighs the summary and trains no path of a split block (the plain SFT as long):
+# outputs/demo-vote/results/ (votes.md: how often the summary states the majority). About 70 minutes.
+demo-vote: install
+	$(PY) scripts/demo.py --vote --matched --output_dir outputs/demo-vote
 
 # Every row and experiment of the paper in miniature from one base (Seen and Unseen SFT and RL, S1, S2, the tiered
 # ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 30 minutes.

@@ -92,12 +92,42 @@ class TagRateArguments:
 class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateArguments):
     """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`), how the rows of
     tags the trainer adds start (`tags.tokens.TagRowArguments`) and the tag rows' learning rate
-    (`TagRateArguments`). Options that cannot carry path isolation fail here."""
+    (`TagRateArguments`), and two rules that teach the summary to vote (`trainers.summary_loss`). Options that cannot
+    carry path isolation fail here."""
+
+    summary_loss_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Each token of a summary (after <Summary>, </Summary> included) counts this many times in the "
+            "loss (TRL's fused next-token loss): the vote is a few tokens after a block of many. 1: TRL's loss."
+        },
+    )
+    disagreeing_paths_in_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "false: in a block whose paths end on different numbers (a path's result is the last number it "
+            "writes), the paths' bodies leave the loss and the summary stays, so SFT does not imitate a slipped "
+            "attempt while the summary learns to vote over it."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
         ParallelArguments.__post_init__(self)  # TrainingArguments' __post_init__ does not chain to these
         TagRateArguments.__post_init__(self)
+        if not self.summary_loss_weight > 0:
+            raise ValueError(f"summary_loss_weight must be positive, got {self.summary_loss_weight}")
+        other_loss = {
+            f"loss_type={self.loss_type!r}": self.loss_type != "nll",
+            f"label_smoothing_factor={self.label_smoothing_factor}": bool(self.label_smoothing_factor),
+            "use_liger_kernel=True": self.use_liger_kernel,
+        }
+        for option, is_set in other_loss.items():
+            if self.summary_loss_weight != 1 and is_set:
+                raise ValueError(
+                    f"summary_loss_weight={self.summary_loss_weight} weighs TRL's fused next-token loss: it cannot "
+                    f"be combined with {option}, which computes another"
+                )
         if self.attention == "causal":
             return
         refused = {

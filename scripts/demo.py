@@ -5,6 +5,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py --paper              # make demo-paper: every row and experiment of the paper (about 30 min)
     python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
     python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 35 min)
+    python scripts/demo.py --vote --matched     # make demo-vote: the same with a summary trained to vote (about 70 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -20,6 +21,9 @@ Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir,
 tokens as Parallel-R1's three-path completions), from the base and from a plain SFT on the teacher's plain solutions
 (cold start and SFT without blocks), all evaluated: results/matched/table.md and results/sft-plain/table.md (every
 model against each, paired by problem) and results/tokens.md (the tokens each RL run trained on).
+`--vote` trains the summary to vote: a cold start where two answers in three are vote drills (`task.vote_teacher`), and
+an SFT four times as long whose summaries weigh ten times in the loss and whose split blocks train no path
+(`VOTE_SFT`); with `--matched`, the plain SFT gets as many steps.
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
 `--width` runs stages 1-3, a cold start with blocks of 2 to 4 attempts, SFT with min_paths 2 and max_paths 4, and the
 three RL runs of `parallel_r1.testing.demo.width` (width/table.md, width/paths_per_block.png).
@@ -74,13 +78,27 @@ MATCHED_GROUPS = 3  # the matched baseline's completions a step, as a multiple o
 MATCHED = "grpo-plain-matched"  # its label and folder
 PLAIN_SFT_MATCHED = "grpo-sft-plain-matched"  # the same from a plain SFT on the teacher's plain solutions
 MATCHED_MODELS = (MATCHED, "sft-plain", PLAIN_SFT_MATCHED)  # the models --matched adds, each evaluated plainly
+# --vote: the cold start's teacher (two answers in three a vote drill, kept when the slipped majority wins) and SFT
+VOTE_COLD_START = ("--model_name_or_path", "parallel_r1.testing.demo.task:vote_teacher", "--num_samples", "3",
+                   "--require_correct", "false")  # fmt: skip
+VOTE_SFT_STEPS = 2400  # four times sft.yaml's: the paths learn their arithmetic while the summary learns to count
+VOTE_SFT = ("--summary_loss_weight", "10", "--disagreeing_paths_in_loss", "false")
 
 
 class Demo:
     """Runs the stages in order into one folder, each with a banner, its output shown and kept in logs/."""
 
-    def __init__(self, output_dir: Path, seed: int, quick: bool, rl_steps: int | None = None, matched: bool = False):
+    def __init__(
+        self,
+        output_dir: Path,
+        seed: int,
+        quick: bool,
+        rl_steps: int | None = None,
+        matched: bool = False,
+        vote: bool = False,
+    ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
+        self.vote = vote
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
@@ -118,8 +136,20 @@ class Demo:
 
     def prepare(self) -> None:
         self.prepare_base()
-        self.cold_start("cold-start")
-        self.sft("sft", "SFT on the traces (Unseen)")
+        self.prepare_parallel()
+
+    def prepare_parallel(self) -> None:
+        """The cold start and the Unseen SFT of the parallel model (with --vote, its summary trained to vote)."""
+        if self.vote:
+            self.cold_start("cold-start", "cold-start traces, two in three vote drills", VOTE_COLD_START)
+            self.sft("sft", "SFT on the traces (Unseen), the summary trained to vote", (*self.sft_steps(), *VOTE_SFT))
+        else:
+            self.cold_start("cold-start")
+            self.sft("sft", "SFT on the traces (Unseen)")
+
+    def sft_steps(self) -> tuple:
+        """The SFT steps of this run as flags: --vote's, else none (the recipe's)."""
+        return ("--max_steps", str(VOTE_SFT_STEPS)) if self.vote else ()
 
     def prepare_base(self) -> None:
         self.stage(
@@ -157,7 +187,7 @@ class Demo:
             [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"),
              "--model_name_or_path", self.path("base-special"),
              "--dataset_name", self.path(traces, "train.parquet"), "--output_dir", self.path(output),
-             "--seed", str(self.seed), *self.extra("sft"), *extra],
+             "--seed", str(self.seed), *extra, *self.extra("sft")],
         )  # fmt: skip
 
     def grpo(self, output: str, reward: str | tuple | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
@@ -183,16 +213,24 @@ class Demo:
         and a step (the same problems, steps and learning rate; a three-path completion holds about three plain
         ones), from the base, and from a plain SFT on the teacher's plain solutions (the control for what the cold
         start's correct traces teach, blocks aside)."""
-        generations, batch = self.plain_setting("num_generations"), self.plain_setting("per_device_train_batch_size")
-        more = ("--num_generations", str(MATCHED_GROUPS * generations),
-                "--per_device_train_batch_size", str(MATCHED_GROUPS * batch))  # fmt: skip
         self.grpo(MATCHED, title=f"GRPO without blocks, {MATCHED_GROUPS}x the completions a step",
-                  start="base-special", recipe="grpo_plain.yaml", extra=more)  # fmt: skip
+                  start="base-special", recipe="grpo_plain.yaml", extra=self.matched_flags())  # fmt: skip
+        self.plain_sft_control()
+
+    def matched_flags(self) -> tuple:
+        generations, batch = self.plain_setting("num_generations"), self.plain_setting("per_device_train_batch_size")
+        return ("--num_generations", str(MATCHED_GROUPS * generations),
+                "--per_device_train_batch_size", str(MATCHED_GROUPS * batch))  # fmt: skip
+
+    def plain_sft_control(self) -> None:
+        """A plain SFT on the teacher's plain solutions, as many steps as the parallel SFT, then plain GRPO with
+        MATCHED_GROUPS times the completions."""
         self.cold_start("cold-start-plain", "cold-start traces without blocks (the teacher's plain solutions)",
                         ("--model_name_or_path", "parallel_r1.testing.demo.task:plain_teacher"))  # fmt: skip
-        self.sft("sft-plain", "SFT on them (no blocks)", ("--attention", "causal"), traces="cold-start-plain")
+        self.sft("sft-plain", "SFT on them (no blocks)", ("--attention", "causal", *self.sft_steps()),
+                 traces="cold-start-plain")  # fmt: skip
         self.grpo(PLAIN_SFT_MATCHED, title=f"GRPO without blocks from that SFT, {MATCHED_GROUPS}x the completions",
-                  start="sft-plain", recipe="grpo_plain.yaml", extra=more)  # fmt: skip
+                  start="sft-plain", recipe="grpo_plain.yaml", extra=self.matched_flags())  # fmt: skip
 
     def matched_tables(self, folders: list, results: Path) -> None:
         """Every model against each matched baseline, paired by problem, and the tokens of each RL run."""
@@ -350,6 +388,12 @@ def main(argv=None) -> None:
         "(make demo-matched)",
     )
     parser.add_argument(
+        "--vote",
+        action="store_true",
+        help="train the summary to vote: vote drills in the cold start, a longer SFT that weighs the summary "
+        "(make demo-vote, with --matched)",
+    )
+    parser.add_argument(
         "--rl_steps",
         type=int,
         default=None,
@@ -360,9 +404,11 @@ def main(argv=None) -> None:
         parser.error(f"--rl_steps must be at least 2, got {args.rl_steps}")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched)
+    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote)
     if args.paper + args.width + args.matched > 1:
         parser.error("--paper, --width and --matched are three jobs: run one at a time")
+    if args.vote and (args.paper or args.width):
+        parser.error("--vote changes the parallel SFT of make demo and --matched; --paper and --width keep theirs")
     demo.paper() if args.paper else demo.width() if args.width else demo.run()
 
 

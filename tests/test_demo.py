@@ -475,3 +475,91 @@ def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path)
             assert width == "-"
         assert all(-1 <= float(v) <= 1 for v in accuracy.split("->"))
     assert (out / "width" / "paths_per_block.png").exists()
+
+
+# --------------------------------------------------------------------------- vote drills (make demo-vote)
+
+
+@given(problems, st.integers(0, 10**6))
+def test_a_vote_drill_is_a_well_formed_block_whose_summary_states_its_majority(problem, seed):
+    import random
+
+    trace = task.vote_drill(problem, random.Random(seed))
+    parsed = parse(trace)
+    assert parsed.well_formed and len(parsed.blocks) == 1 and trace.startswith("<Parallel>")
+    (block,) = parsed.blocks
+    results = [int(path.body.rsplit("=", 1)[1]) for path in block.paths]
+    assert len(results) == NUM_PATHS
+    assert final_answer(block.summary) == str(majority(results))
+    assert Counter(results).most_common(1)[0][1] >= 2  # a drill always has a majority
+
+
+def test_vote_drills_slip_one_path_two_alike_or_none_anywhere_in_the_working():
+    import random
+
+    problem = Problem(7, 8, 3, 4)
+    kinds, places, sizes = Counter(), Counter(), set()
+    for seed in range(3000):
+        block = parse(task.vote_drill(problem, random.Random(seed))).blocks[0]
+        bodies = [path.body for path in block.paths]
+        right = problem.working()[0]
+        slipped = [body for body in bodies if body != right]
+        kinds[len(slipped)] += 1
+        for body in slipped[:1]:
+            lines, expected = body.split("\n"), right.split("\n")
+            first_wrong = next(i for i in range(3) if lines[i] != expected[i])
+            places[first_wrong] += 1
+            sizes.add(int(body.rsplit("=", 1)[1]) - problem.answer)
+    assert abs(kinds[1] / 3000 - 0.4) < 0.03 and abs(kinds[2] / 3000 - 0.3) < 0.03 and kinds[3] == 0
+    assert all(abs(places[i] / sum(places.values()) - 1 / 3) < 0.04 for i in range(3))  # either product or the sum
+    assert sizes == {*range(-10, 0), *range(1, 11)}
+
+
+def test_the_vote_teacher_is_seeded_and_two_answers_in_three_are_drills():
+    messages = build_prompt("7*8+3*4", "none")
+    assert task.vote_teacher(messages, 11) == task.vote_teacher(messages, 11)
+    answers = [task.vote_teacher(messages, seed) for seed in range(3000)]
+    two_alike = sum(final_answer(a) not in (None, "68") and a.count("=68</Path>") == 1 for a in answers)
+    plain = sum("<Parallel>" not in a for a in answers)
+    assert abs(plain / 3000 - (1 - task.VOTE_DRILLS) * TEACHER_PLAIN) < 0.02  # the teacher's answers keep their mix
+    assert abs(two_alike / 3000 - task.VOTE_DRILLS * 0.3) < 0.03  # a slipped majority is stated, not the answer
+
+
+def test_a_slip_lands_on_the_line_it_names_and_nowhere_else():
+    problem = Problem(7, 8, 3, 4)
+    assert problem.working(2, "first") == ("7*8=58\n3*4=12\n58+12=70", 70)
+    assert problem.working(-2, "second") == ("7*8=56\n3*4=10\n56+10=66", 66)
+    assert problem.working(10, "sum") == ("7*8=56\n3*4=12\n56+12=78", 78)
+    assert problem.working(3) == problem.working(3, "first")
+    with pytest.raises(ValueError, match="a slip is at one of"):
+        problem.working(1, "third")
+
+
+def test_vote_changes_the_parallel_cold_start_and_sft_and_gives_the_plain_sft_as_many_steps(tmp_path, monkeypatch):
+    """`demo.py --vote --matched`, its commands recorded instead of run: the vote teacher keeps wrong answers, the
+    SFT weighs summaries and trains no split path, the plain SFT takes as many steps, and --quick's flags come last."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    def commands(vote: bool, quick: bool = False) -> dict:
+        ran = {}
+        monkeypatch.setattr(demo.Demo, "stage", lambda self, title, name, command: ran.setdefault(name, command))
+        run = demo.Demo(tmp_path, 0, quick, matched=True, vote=vote)
+        run.prepare_parallel()
+        run.plain_sft_control()
+        return ran
+
+    def value(command: list, flag: str) -> str:
+        return command[len(command) - 1 - command[::-1].index(flag) + 1]  # the last one given wins
+
+    vote, plain = commands(vote=True), commands(vote=False)
+    assert value(vote["cold_start"], "--model_name_or_path").endswith("task:vote_teacher")
+    assert value(vote["cold_start"], "--require_correct") == "false"
+    assert "--require_correct" not in plain["cold_start"]
+    assert value(vote["sft"], "--summary_loss_weight") == "10"
+    assert value(vote["sft"], "--disagreeing_paths_in_loss") == "false"
+    assert value(vote["sft"], "--max_steps") == value(vote["sft-plain"], "--max_steps") == str(demo.VOTE_SFT_STEPS)
+    assert "--max_steps" not in plain["sft"] and "--max_steps" not in plain["sft-plain"]  # the recipe's
+    assert value(commands(vote=True, quick=True)["sft"], "--max_steps") == "4"
+    with pytest.raises(SystemExit):
+        demo.main(["--vote", "--paper"])

@@ -14,6 +14,8 @@ Rules shared by both variants:
 - With a PEFT config the tag rows of the embedding (and of an untied LM head) train as well, through
   peft's `trainable_token_indices`: their starting values were made, not learned.
 - `tag_lr_multiplier` gives the tag rows their own learning rate (`tag_rate.TagRateMixin`).
+- `summary_loss_weight` and `disagreeing_paths_in_loss` teach the summary to vote (`summary_loss`): the first on
+  the fused head's log-probs, the second in the data collator, so that TRL counts the tokens the loss has.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..policy import ParallelPolicy
 from ..structure import check_attention_implementation
 from ..tags.tokens import add_parallel_tokens, missing_tags
 from .card import ModelCardMixin
+from .summary_loss import DisagreeingPathsOutOfLoss, WeightedSummaries
 from .tag_rate import TagRateMixin
 
 IGNORE = -100  # TRL's label for tokens out of the loss
@@ -140,9 +143,15 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
         self.policy = ParallelPolicy(processing_class, args)  # the structure trained (SFT samples nothing)
         if peft_config is not None:
             peft_config = with_trainable_tag_rows(peft_config, model, sorted(self.policy.vocab.ids.values()))
+        if args.summary_loss_weight != 1 and kwargs.get("compute_loss_func") is not None:
+            raise ValueError("summary_loss_weight weighs TRL's own loss, which compute_loss_func replaces: pass one")
         super().__init__(model, args, processing_class=processing_class, peft_config=peft_config, **kwargs)
         if peft_config is not None:
             _expose_head_bias(self.model.get_output_embeddings())
+        if not args.disagreeing_paths_in_loss:
+            self.data_collator = DisagreeingPathsOutOfLoss(
+                self.data_collator, self.policy.vocab, processing_class.decode
+            )
         if args.attention != "causal":
             self._check_structured_setup()
 
@@ -161,10 +170,13 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
             )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Isolated and tree: SFTTrainer's loss, with the model called on the batch's structure.
+        """Isolated and tree: SFTTrainer's loss, with the model called on the batch's structure (and its summary
+        tokens weighted, `summary_loss_weight`).
 
         Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
         it after the forward (the token count it logs), and a 4-D mask there would count pairs.
         """
         model = self.policy.training_forward(model, completion_starts(inputs["labels"]))
+        if self.args.summary_loss_weight != 1:
+            model = WeightedSummaries(model, self.policy.vocab, self.args.summary_loss_weight)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

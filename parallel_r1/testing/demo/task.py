@@ -47,6 +47,8 @@ TEACHER_LATE = 0.0  # share of teacher answers that work the problem out first, 
 TEACHER_SLIP = 0.1  # chance that one attempt of the teacher gets its first product wrong
 TEACHER_MALFORMED = 0.05  # share of teacher traces with no </Summary>
 SUMMARY_LISTS_RESULTS = False  # the teacher's summary lists the paths' results, in order, before the answer
+VOTE_DRILLS = 2 / 3  # share of `vote_teacher`'s answers that are vote drills
+SLIPS_AT = ("first", "second", "sum")  # where a drill's attempt may slip: either product, or the sum
 _PROBLEM = re.compile(r"^\s*([1-9])\*([1-9])\+([1-9])\*([1-9])\s*$")
 
 
@@ -76,11 +78,15 @@ class Problem:
     def easy(self) -> bool:
         return self.answer <= EASY_MAX
 
-    def working(self, slip: int = 0) -> tuple[str, int]:
-        """(one solution, its result): the two products, one per line, then their sum; `slip` is added to the first
-        product (a mistake)."""
-        p, q = max(self.a * self.b + slip, 0), self.c * self.d
-        return f"{self.a}*{self.b}={p}\n{self.c}*{self.d}={q}\n{p}+{q}={p + q}", p + q
+    def working(self, slip: int = 0, at: str = "first") -> tuple[str, int]:
+        """(one solution, its result): the two products, one per line, then their sum; `slip` (a mistake) is added
+        to the line `at` names (one of `SLIPS_AT`), no value going under 0."""
+        if at not in SLIPS_AT:
+            raise ValueError(f"a slip is at one of {SLIPS_AT}, got {at!r}")
+        p = max(self.a * self.b + (slip if at == "first" else 0), 0)
+        q = max(self.c * self.d + (slip if at == "second" else 0), 0)
+        total = max(p + q + (slip if at == "sum" else 0), 0)
+        return f"{self.a}*{self.b}={p}\n{self.c}*{self.d}={q}\n{p}+{q}={total}", total
 
     def plain_solution(self, slip: int = 0) -> str:
         lines, result = self.working(slip)
@@ -92,12 +98,14 @@ class Problem:
         close_summary: bool = True,
         first: int | None = None,
         listed: bool = False,
+        at: tuple[str, ...] | None = None,
     ) -> str:
-        """A block of one attempt a path (`slips`: each one's mistake, 0 for none), a summary that states the result
-        most of them reached (the first of them on a tie), and that as the answer line. With `first` (its slip), a
-        plain working comes before the block, whose paths then check it: its result counts in the vote and wins a
-        tie. `listed`: the summary first lists the paths' results in order (`68 70 68`), then the answer line."""
-        attempts = [self.working(slip) for slip in slips]
+        """A block of one attempt a path (`slips`: each one's mistake, 0 for none, in its first product or where
+        `at` says), a summary that states the result most of them reached (the first of them on a tie), and that as
+        the answer line. With `first` (its slip), a plain working comes before the block, whose paths then check it:
+        its result counts in the vote and wins a tie. `listed`: the summary first lists the paths' results in order
+        (`68 70 68`), then the answer line."""
+        attempts = [self.working(slip, where) for slip, where in zip(slips, at or ("first",) * len(slips))]
         lead, results = "", [result for _, result in attempts]
         if first is not None:
             lines, result = self.working(first)
@@ -154,6 +162,30 @@ def teacher(messages: list, seed: int, widths: tuple[int, ...] = (NUM_PATHS,)) -
     return problem.parallel_trace(
         slips, close_summary=rng.random() >= TEACHER_MALFORMED, first=first, listed=SUMMARY_LISTS_RESULTS
     )
+
+
+def vote_drill(problem: Problem, rng: random.Random) -> str:
+    """A block whose slips are planted so that its summary must count: one attempt slipped (the majority is right),
+    two slipped alike (the majority is their wrong value), or none, 40%, 30% and 30% of the time. A slip is off by
+    one to nine, or by ten (a carry), in either product or in the sum (`SLIPS_AT`), where the model's own slips are."""
+    size = rng.choice([-1, 1]) * (10 if rng.random() < 0.3 else rng.randint(1, 9))
+    at = rng.choice(SLIPS_AT)
+    kind, odd = rng.random(), rng.randrange(NUM_PATHS)
+    slipped = [i == odd for i in range(NUM_PATHS)] if kind < 0.4 else [i != odd for i in range(NUM_PATHS)]
+    if kind >= 0.7:
+        slipped = [False] * NUM_PATHS
+    return problem.parallel_trace(tuple(size if s else 0 for s in slipped), at=(at,) * NUM_PATHS)
+
+
+def vote_teacher(messages: list, seed: int) -> str:
+    """`teacher`, or with chance `VOTE_DRILLS` a `vote_drill`: the cold start of `make demo-vote`, whose summaries
+    see three times the split blocks. A drill whose majority slipped states the slipped value, so the run keeps
+    the answers that are wrong (`require_correct: false`), and its SFT leaves the paths of a split block out of the
+    loss (`disagreeing_paths_in_loss: false`)."""
+    rng = random.Random(seed)
+    if rng.random() < VOTE_DRILLS:
+        return vote_drill(asked(messages), rng)
+    return teacher(messages, rng.randrange(2**32))
 
 
 def varied_width_teacher(messages: list, seed: int) -> str:
