@@ -99,15 +99,17 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateAr
         default=1.0,
         metadata={
             "help": "Each token of a summary (after <Summary>, </Summary> included) counts this many times in the "
-            "loss (TRL's fused next-token loss): the vote is a few tokens after a block of many. 1: TRL's loss."
+            "loss (TRL's fused next-token loss, still divided by the count of tokens; the loss logged is the "
+            "weighted one): the vote is a few tokens after a block of many. 1: TRL's loss."
         },
     )
     disagreeing_paths_in_loss: bool = field(
         default=True,
         metadata={
-            "help": "false: in a block whose paths end on different numbers (a path's result is the last number it "
-            "writes), the paths' bodies leave the loss and the summary stays, so SFT does not imitate a slipped "
-            "attempt while the summary learns to vote over it."
+            "help": "false: in a complete block whose paths end on different numbers (a path's result is the last "
+            "number it writes: for traces whose paths end on their result), the paths' bodies and </Path> leave the "
+            "loss and the summary stays, so SFT does not imitate a slipped attempt while the summary learns to vote "
+            "over it."
         },
     )
 
@@ -122,13 +124,18 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateAr
             f"label_smoothing_factor={self.label_smoothing_factor}": bool(self.label_smoothing_factor),
             "use_liger_kernel=True": self.use_liger_kernel,
         }
-        for option, is_set in other_loss.items():
-            if self.summary_loss_weight != 1 and is_set:
-                raise ValueError(
-                    f"summary_loss_weight={self.summary_loss_weight} weighs TRL's fused next-token loss: it cannot "
-                    f"be combined with {option}, which computes another"
-                )
-        if self.attention == "causal":
+        if self.summary_loss_weight != 1 and (option := next((o for o, on in other_loss.items() if on), None)):
+            raise ValueError(
+                f"summary_loss_weight={self.summary_loss_weight} weighs TRL's fused next-token loss: it cannot be "
+                f"combined with {option}, which computes another"
+            )
+        rules = {
+            f"attention={self.attention!r}": self.attention != "causal",
+            f"summary_loss_weight={self.summary_loss_weight}": self.summary_loss_weight != 1,
+            "disagreeing_paths_in_loss=False": not self.disagreeing_paths_in_loss,
+        }
+        setting = next((rule for rule, on in rules.items() if on), None)
+        if setting is None:
             return
         refused = {
             "padding_free=True": self.padding_free,
@@ -138,14 +145,13 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateAr
         for option, is_set in refused.items():
             if is_set:
                 raise ValueError(
-                    f"attention={self.attention!r} cannot be used with {option}: rows that share one flattened "
-                    "sequence cannot carry the per-row structure. Leave it off (padded batches)."
+                    f"{setting} cannot be used with {option}: rows that share one flattened sequence cannot carry "
+                    "the per-row structure. Leave it off (padded batches)."
                 )
         if self.completion_only_loss is False:
             raise ValueError(
-                f"attention={self.attention!r} needs completion_only_loss: the completion (the part whose paths are "
-                "structured) starts at the first token in the loss, and the prompt, which names the tags as plain "
-                "text, must stay out of it."
+                f"{setting} needs completion_only_loss: the completion (the part whose tags are read) starts at the "
+                "first token in the loss, and the prompt, which names the tags as plain text, must stay out of it."
             )
 
 

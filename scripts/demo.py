@@ -177,7 +177,7 @@ class Demo:
             output.replace("-", "_"),
             [*PYTHON, "scripts/generate_cold_start.py", "--config", str(RECIPES / "cold_start.yaml"),
              "--dataset_name", self.path("data", "cold_start.jsonl"), "--student_tokenizer", self.path("base-special"),
-             "--output_dir", self.path(output), "--seed", str(self.seed), *self.extra("cold_start"), *extra],
+             "--output_dir", self.path(output), "--seed", str(self.seed), *extra, *self.extra("cold_start")],
         )  # fmt: skip
 
     def sft(self, output: str, title: str, extra: tuple = (), traces: str = "cold-start") -> None:

@@ -535,7 +535,9 @@ def test_a_slip_lands_on_the_line_it_names_and_nowhere_else():
         problem.working(1, "third")
 
 
-def test_vote_changes_the_parallel_cold_start_and_sft_and_gives_the_plain_sft_as_many_steps(tmp_path, monkeypatch):
+def test_vote_changes_the_parallel_cold_start_and_sft_and_gives_the_plain_sft_as_many_steps(
+    tmp_path, monkeypatch, capsys
+):
     """`demo.py --vote --matched`, its commands recorded instead of run: the vote teacher keeps wrong answers, the
     SFT weighs summaries and trains no split path, the plain SFT takes as many steps, and --quick's flags come last."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -561,5 +563,7 @@ def test_vote_changes_the_parallel_cold_start_and_sft_and_gives_the_plain_sft_as
     assert value(vote["sft"], "--max_steps") == value(vote["sft-plain"], "--max_steps") == str(demo.VOTE_SFT_STEPS)
     assert "--max_steps" not in plain["sft"] and "--max_steps" not in plain["sft-plain"]  # the recipe's
     assert value(commands(vote=True, quick=True)["sft"], "--max_steps") == "4"
+    monkeypatch.setattr(demo.Demo, "paper", lambda self: pytest.fail("--vote --paper ran"))
     with pytest.raises(SystemExit):
-        demo.main(["--vote", "--paper"])
+        demo.main(["--vote", "--paper", "--output_dir", str(tmp_path / "refused")])
+    assert "--vote changes the parallel SFT" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from parallel_r1.tags.language import TAGS, Block, parse
 from parallel_r1.tags.tokens import tag_ids
 from parallel_r1.testing.tiny import build_model, build_tokenizer
 from parallel_r1.trainers import ParallelSFTTrainer
-from parallel_r1.trainers.sft import IGNORE, completion_starts
+from parallel_r1.trainers.summary_loss import IGNORE, completion_starts
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_BLOCK_INDICES = ("93", "137")  # shipped traces with no <Parallel> block

@@ -1,6 +1,8 @@
 """The two SFT rules that teach the summary to vote (`trainers.summary_loss`): the summary's weight in the loss, and
 the paths of a block that disagrees left out of it."""
 
+from decimal import Decimal
+
 import pytest
 import torch
 from datasets import Dataset
@@ -10,10 +12,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parallel_r1.configs import ParallelSFTConfig
 from parallel_r1.tags.language import parse
-from parallel_r1.testing.demo.task import Problem
+from parallel_r1.tags.tokens import tag_vocab
+from parallel_r1.testing.demo.task import NUM_PATHS, Problem
 from parallel_r1.trainers import ParallelSFTTrainer
-from parallel_r1.trainers.sft import IGNORE, completion_starts
-from parallel_r1.trainers.summary_loss import path_result, summary_tokens, without_disagreeing_paths
+from parallel_r1.trainers.summary_loss import (
+    IGNORE,
+    completion_starts,
+    path_result,
+    summary_tokens,
+    without_disagreeing_paths,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,6 +30,10 @@ TRACES = {
     "agree": PROBLEM.parallel_trace((0, 0, 0)),
     "one slipped": PROBLEM.parallel_trace((0, 3, 0)),  # 59 + 12 = 71 in the second path
     "plain": PROBLEM.plain_solution(),
+    # two blocks in one row: the first agrees, the second splits
+    "two blocks": PROBLEM.parallel_trace((0, 0, 0)) + "\n" + PROBLEM.parallel_trace((0, 0, 4), at=("sum",) * 3),
+    # cut by the length inside its second path: not judged
+    "cut": "<Parallel><Path>7*8=56\n3*4=12\n56+12=68</Path><Path>7*8=56\n3*4=12",
 }
 
 
@@ -40,14 +52,13 @@ def rows(*names) -> Dataset:
 def trainer_for(tiny_dir, tmp_path, names=("agree", "one slipped"), **overrides) -> ParallelSFTTrainer:
     args = ParallelSFTConfig(
         output_dir=str(tmp_path / "out"),
-        attention="isolated",
         per_device_train_batch_size=2,
         bf16=False,
         use_cpu=True,
         report_to="none",
         save_strategy="no",
         dataset_num_proc=None,
-        **overrides,
+        **{"attention": "isolated", **overrides},
     )
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype="float32", attn_implementation="sdpa")
     return ParallelSFTTrainer(
@@ -75,17 +86,19 @@ def decoded_out_of_loss(trainer, plain: dict, masked: dict, row: int) -> list[st
 # --------------------------------------------------------------------------- a path's result
 
 
-def test_a_paths_result_is_the_last_number_it_writes():
-    assert path_result("7*8=56\n3*4=12\n56+12=68") == "68"
-    assert path_result("x = -3.5, so") == "-3.5"
+def test_a_paths_result_is_the_value_of_the_last_number_it_writes():
+    assert path_result("7*8=56\n3*4=12\n56+12=68") == 68
+    assert path_result("x = -3.5, so") == Decimal("-3.5")
+    assert path_result("she keeps 1,000 dollars") == 1000
+    assert path_result("68.0") == path_result("68")
     assert path_result("no number here") is None
     assert path_result("") is None
 
 
 @given(st.text(alphabet=st.characters(blacklist_categories=("Nd",)), max_size=40), st.integers(0, 10**6))
-def test_a_number_written_last_is_the_result_whatever_comes_before(words, number):
-    assert path_result(words) is None or any(c.isdigit() for c in words)
-    assert path_result(f"{words} {number}") == str(number)
+def test_text_without_digits_has_no_result_and_a_number_written_last_is_it(words, number):
+    assert path_result(words) is None
+    assert path_result(f"{words} {number}") == number
 
 
 # --------------------------------------------------------------------------- disagreeing paths
@@ -100,15 +113,26 @@ def test_a_block_whose_paths_disagree_trains_its_summary_and_not_its_paths(tiny_
     bodies = [path.body + "</Path>" for path in parse(TRACES["one slipped"]).blocks[0].paths]
     assert runs == bodies  # every path of the split block, and nothing else
     assert torch.equal(completion_starts(masked["labels"]), completion_starts(plain["labels"]))
-    in_summary = summary_tokens(masked["labels"], trainer.policy.vocab)
+    in_summary = summary_tokens(masked["input_ids"], completion_starts(masked["labels"]), trainer.policy.vocab)
     assert trainer.processing_class.decode(masked["input_ids"][1][in_summary[1]]) == "Final Answer: 68</Summary>"
 
 
-def test_a_trace_without_a_block_and_a_row_out_of_the_loss_are_left_alone(tiny_dir, tmp_path):
-    plain = batch_of(trainer_for(tiny_dir, tmp_path, names=("plain", "one slipped")))
-    trainer = trainer_for(tiny_dir, tmp_path, names=("plain", "one slipped"), disagreeing_paths_in_loss=False)
+def test_only_the_split_block_of_a_row_and_of_a_padded_batch_leaves_its_paths_out(tiny_dir, tmp_path):
+    names = ("plain", "two blocks", "cut", "one slipped")
+    plain = batch_of(trainer_for(tiny_dir, tmp_path, names=names))
+    trainer = trainer_for(tiny_dir, tmp_path, names=names, disagreeing_paths_in_loss=False)
     masked = batch_of(trainer)
-    assert torch.equal(masked["labels"][0], plain["labels"][0])
+    assert (plain["attention_mask"] == 0).any()  # rows of different lengths: padding is exercised
+    assert torch.equal(masked["labels"][0], plain["labels"][0])  # no block
+    second = parse(TRACES["two blocks"]).blocks[1]
+    assert decoded_out_of_loss(trainer, plain, masked, 1) == [path.body + "</Path>" for path in second.paths]
+    assert torch.equal(masked["labels"][2], plain["labels"][2])  # a block cut in a path is not judged
+    assert len(decoded_out_of_loss(trainer, plain, masked, 3)) == NUM_PATHS
+
+
+def test_a_row_out_of_the_loss_is_left_alone(tiny_dir, tmp_path):
+    trainer = trainer_for(tiny_dir, tmp_path, names=("plain", "one slipped"), disagreeing_paths_in_loss=False)
+    plain = batch_of(trainer)
     nothing = torch.full_like(plain["labels"], IGNORE)
     kept = without_disagreeing_paths(
         nothing, plain["input_ids"], trainer.policy.vocab, trainer.processing_class.decode
@@ -132,7 +156,7 @@ def test_the_tokens_trl_counts_are_the_tokens_in_the_loss(tiny_dir, tmp_path):
     trainer.train()
     ((in_loss, counted),) = seen
     assert in_loss < int((batch_of(trainer_for(tiny_dir, tmp_path))["labels"] != IGNORE).sum())
-    assert counted in (in_loss, in_loss - 2)  # transformers counts the labels, shifted or not, by version
+    assert counted == in_loss
 
 
 # --------------------------------------------------------------------------- the summary's weight
@@ -148,29 +172,44 @@ def per_token_losses(trainer, batch) -> torch.Tensor:
     return -log_probs * (targets != IGNORE)
 
 
-@pytest.mark.parametrize("weight", [0.5, 10.0])
-def test_each_summary_token_counts_weight_times(tiny_dir, tmp_path, weight):
-    trainer = trainer_for(tiny_dir, tmp_path, summary_loss_weight=weight)
+@pytest.mark.parametrize(
+    "attention, weight", [("isolated", 0.5), ("isolated", 10.0), ("causal", 10.0), ("tree", 10.0)]
+)
+def test_each_summary_token_counts_weight_times(tiny_dir, tmp_path, attention, weight):
+    trainer = trainer_for(tiny_dir, tmp_path, summary_loss_weight=weight, attention=attention)
     batch = batch_of(trainer)
     losses = per_token_losses(trainer, batch)
-    in_summary = summary_tokens(batch["labels"], trainer.policy.vocab)[:, 1:]
+    in_summary = summary_tokens(batch["input_ids"], completion_starts(batch["labels"]), trainer.policy.vocab)[:, 1:]
     count = (batch["labels"][:, 1:] != IGNORE).sum()
     expected = (losses[~in_summary].sum() + weight * losses[in_summary].sum()) / count
     with torch.no_grad():
         got = trainer.compute_loss(trainer.model.eval(), dict(batch))
-        unweighted = trainer_for(tiny_dir, tmp_path).compute_loss(trainer.model.eval(), dict(batch))
+        unweighted = trainer_for(tiny_dir, tmp_path, attention=attention).compute_loss(
+            trainer.model.eval(), dict(batch)
+        )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(unweighted, losses.sum() / count, atol=1e-5, rtol=1e-5)  # weight 1: TRL's loss
     assert int(in_summary.sum()) == 2 * len(trainer.processing_class.encode("Final Answer: 68</Summary>"))
 
 
-def test_an_unclosed_summary_runs_to_the_end_of_the_row(tiny_dir):
+@pytest.mark.parametrize(
+    "text, summary",
+    [
+        ("<Parallel><Path>1</Path><Path>1</Path></Parallel><Summary>Final Answer: 1", "Final Answer: 1"),
+        (
+            "a stray </Summary> b <Parallel><Path>1</Path><Path>2</Path></Parallel><Summary>2</Summary> c",
+            "2</Summary>",
+        ),
+        ("<Parallel><Path>1</Path><Path>1</Path></Parallel><Summary>1</Summary> then <Summary>x", "1</Summary>"),
+    ],
+)
+def test_the_summary_is_what_the_parser_reads_as_one(tiny_dir, text, summary):
+    """Left open, a summary runs to the end of the row; a tag out of place opens or closes nothing."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    from parallel_r1.tags.tokens import tag_vocab
-
-    ids = tokenizer.encode("<Parallel><Path>1</Path><Path>1</Path></Parallel><Summary>Final Answer: 1")
-    marked = summary_tokens(torch.tensor([ids]), tag_vocab(tokenizer))[0]
-    assert tokenizer.decode(torch.tensor(ids)[marked]) == "Final Answer: 1"
+    ids = torch.tensor([[7, 7, *tokenizer.encode(text)]])  # two tokens of prompt
+    marked = summary_tokens(ids, torch.tensor([2]), tag_vocab(tokenizer))[0]
+    assert not marked[:2].any()
+    assert tokenizer.decode(ids[0][marked]) == summary
 
 
 # --------------------------------------------------------------------------- refusals
@@ -183,6 +222,9 @@ def test_an_unclosed_summary_runs_to_the_end_of_the_row(tiny_dir):
         ({"summary_loss_weight": 2.0, "loss_type": "dft"}, "cannot be combined"),
         ({"summary_loss_weight": 2.0, "label_smoothing_factor": 0.1}, "cannot be combined"),
         ({"summary_loss_weight": 2.0, "use_liger_kernel": True}, "cannot be combined"),
+        ({"summary_loss_weight": 2.0, "packing": True}, "cannot be used with packing"),
+        ({"disagreeing_paths_in_loss": False, "padding_free": True}, "cannot be used with padding_free"),
+        ({"disagreeing_paths_in_loss": False, "completion_only_loss": False}, "needs completion_only_loss"),
     ],
 )
 def test_a_weight_that_cannot_apply_is_refused(tmp_path, overrides, message):
@@ -193,7 +235,7 @@ def test_a_weight_that_cannot_apply_is_refused(tmp_path, overrides, message):
 def test_a_weight_and_a_loss_function_of_ones_own_are_refused(tiny_dir, tmp_path):
     args = ParallelSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", summary_loss_weight=2.0)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype="float32", attn_implementation="sdpa")
-    with pytest.raises(ValueError, match="pass one"):
+    with pytest.raises(ValueError, match="one or the other"):
         ParallelSFTTrainer(
             model,
             args,

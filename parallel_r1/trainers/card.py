@@ -32,7 +32,7 @@ ATTENTION_NOTES = {
 TRAINING_ARGS = ("learning_rate", "tag_lr_multiplier", "lr_scheduler_type", "per_device_train_batch_size",
                  "gradient_accumulation_steps", "loss_type", "seed")  # fmt: skip
 STAGE_ARGS = {
-    "SFT": ("max_length",),
+    "SFT": ("max_length", "summary_loss_weight", "disagreeing_paths_in_loss"),
     "GRPO": ("num_generations", "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high"),
 }
 CARD_METRICS = ("loss", "reward", "reward_std", "parallel/ratio", "parallel/format_valid",

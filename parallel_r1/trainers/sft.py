@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from peft.utils.other import TrainableTokensWrapper
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
@@ -33,20 +32,8 @@ from ..policy import ParallelPolicy
 from ..structure import check_attention_implementation
 from ..tags.tokens import add_parallel_tokens, missing_tags
 from .card import ModelCardMixin
-from .summary_loss import DisagreeingPathsOutOfLoss, WeightedSummaries
+from .summary_loss import DisagreeingPathsOutOfLoss, WeightedSummaries, completion_starts, summary_tokens
 from .tag_rate import TagRateMixin
-
-IGNORE = -100  # TRL's label for tokens out of the loss
-
-
-def completion_starts(labels: torch.Tensor) -> torch.Tensor:
-    """Where each row's completion starts: its first label in the loss (a row with none: its length).
-
-    SFTTrainer folds its completion mask into the labels (-100 on the prompt) and drops it, so the
-    labels are where a collated batch still says where the completion starts.
-    """
-    in_loss = labels != IGNORE
-    return torch.where(in_loss.any(-1), in_loss.int().argmax(-1), labels.shape[-1])
 
 
 def ensure_parallel_tokens(tokenizer, model, init: str = "spelling") -> list[str]:
@@ -144,7 +131,10 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
         if peft_config is not None:
             peft_config = with_trainable_tag_rows(peft_config, model, sorted(self.policy.vocab.ids.values()))
         if args.summary_loss_weight != 1 and kwargs.get("compute_loss_func") is not None:
-            raise ValueError("summary_loss_weight weighs TRL's own loss, which compute_loss_func replaces: pass one")
+            raise ValueError(
+                "summary_loss_weight weighs TRL's own loss, and a compute_loss_func replaces that loss: give one or the "
+                "other"
+            )
         super().__init__(model, args, processing_class=processing_class, peft_config=peft_config, **kwargs)
         if peft_config is not None:
             _expose_head_bias(self.model.get_output_embeddings())
@@ -152,21 +142,30 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
             self.data_collator = DisagreeingPathsOutOfLoss(
                 self.data_collator, self.policy.vocab, processing_class.decode
             )
-        if args.attention != "causal":
+        if args.attention != "causal" or self._summary_rules():
             self._check_structured_setup()
 
+    def _summary_rules(self) -> list[str]:
+        """The rules of `summary_loss` this run turns on, as settings."""
+        rules = {
+            f"summary_loss_weight={self.args.summary_loss_weight}": self.args.summary_loss_weight != 1,
+            "disagreeing_paths_in_loss=False": not self.args.disagreeing_paths_in_loss,
+        }
+        return [rule for rule, on in rules.items() if on]
+
     def _check_structured_setup(self) -> None:
-        attention = self.args.attention
+        """What reads a row's structure needs its completion whole and in one place."""
+        setting = f"attention={self.args.attention!r}" if self.args.attention != "causal" else self._summary_rules()[0]
         if not (self.completion_only_loss or self.args.assistant_only_loss):
             raise ValueError(
-                f"attention={attention!r} needs the prompt out of the loss: use prompt-completion data (the default "
+                f"{setting} needs the prompt out of the loss: use prompt-completion data (the default "
                 "completion_only_loss then applies) or set completion_only_loss=True"
             )
         parallelism = self.accelerator.parallelism_config
         if parallelism is not None and (parallelism.cp_enabled or parallelism.sp_enabled):
             raise ValueError(
-                f"attention={attention!r} cannot run with context or sequence parallelism: both shard the sequence "
-                "and replace the attention mask with plain causal attention"
+                f"{setting} cannot run with context or sequence parallelism: both shard the sequence, and the "
+                "structure is read from whole rows"
             )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -176,7 +175,9 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
         Only the model call changes. `inputs` keeps its 2-D attention mask because SFTTrainer also reads
         it after the forward (the token count it logs), and a 4-D mask there would count pairs.
         """
-        model = self.policy.training_forward(model, completion_starts(inputs["labels"]))
+        starts = completion_starts(inputs["labels"])
+        model = self.policy.training_forward(model, starts)
         if self.args.summary_loss_weight != 1:
-            model = WeightedSummaries(model, self.policy.vocab, self.args.summary_loss_weight)
+            in_summary = summary_tokens(inputs["input_ids"], starts, self.policy.vocab)
+            model = WeightedSummaries(model, in_summary, self.args.summary_loss_weight)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -48,6 +48,7 @@ TEACHER_SLIP = 0.1  # chance that one attempt of the teacher gets its first prod
 TEACHER_MALFORMED = 0.05  # share of teacher traces with no </Summary>
 SUMMARY_LISTS_RESULTS = False  # the teacher's summary lists the paths' results, in order, before the answer
 VOTE_DRILLS = 2 / 3  # share of `vote_teacher`'s answers that are vote drills
+DRILL_ONE_SLIPPED, DRILL_TWO_ALIKE = 0.4, 0.3  # shares of drills with one attempt slipped, two alike (the rest: none)
 SLIPS_AT = ("first", "second", "sum")  # where a drill's attempt may slip: either product, or the sum
 _PROBLEM = re.compile(r"^\s*([1-9])\*([1-9])\+([1-9])\*([1-9])\s*$")
 
@@ -105,7 +106,9 @@ class Problem:
         the answer line. With `first` (its slip), a plain working comes before the block, whose paths then check it:
         its result counts in the vote and wins a tie. `listed`: the summary first lists the paths' results in order
         (`68 70 68`), then the answer line."""
-        attempts = [self.working(slip, where) for slip, where in zip(slips, at or ("first",) * len(slips))]
+        attempts = [
+            self.working(slip, where) for slip, where in zip(slips, at or ("first",) * len(slips), strict=True)
+        ]
         lead, results = "", [result for _, result in attempts]
         if first is not None:
             lines, result = self.working(first)
@@ -166,20 +169,24 @@ def teacher(messages: list, seed: int, widths: tuple[int, ...] = (NUM_PATHS,)) -
 
 def vote_drill(problem: Problem, rng: random.Random) -> str:
     """A block whose slips are planted so that its summary must count: one attempt slipped (the majority is right),
-    two slipped alike (the majority is their wrong value), or none, 40%, 30% and 30% of the time. A slip is off by
-    one to nine, or by ten (a carry), in either product or in the sum (`SLIPS_AT`), where the model's own slips are."""
+    two slipped alike (the majority is their wrong value), or none (`DRILL_ONE_SLIPPED`, `DRILL_TWO_ALIKE`, the
+    rest). A slip is off by one to nine, or by ten (a carry) 30% of the time, in either product or in the sum
+    (`SLIPS_AT`), where the model's own slips are."""
     size = rng.choice([-1, 1]) * (10 if rng.random() < 0.3 else rng.randint(1, 9))
     at = rng.choice(SLIPS_AT)
     kind, odd = rng.random(), rng.randrange(NUM_PATHS)
-    slipped = [i == odd for i in range(NUM_PATHS)] if kind < 0.4 else [i != odd for i in range(NUM_PATHS)]
-    if kind >= 0.7:
+    if kind < DRILL_ONE_SLIPPED:
+        slipped = [i == odd for i in range(NUM_PATHS)]
+    elif kind < DRILL_ONE_SLIPPED + DRILL_TWO_ALIKE:
+        slipped = [i != odd for i in range(NUM_PATHS)]
+    else:
         slipped = [False] * NUM_PATHS
     return problem.parallel_trace(tuple(size if s else 0 for s in slipped), at=(at,) * NUM_PATHS)
 
 
 def vote_teacher(messages: list, seed: int) -> str:
-    """`teacher`, or with chance `VOTE_DRILLS` a `vote_drill`: the cold start of `make demo-vote`, whose summaries
-    see three times the split blocks. A drill whose majority slipped states the slipped value, so the run keeps
+    """`teacher`, or with chance `VOTE_DRILLS` a `vote_drill`: the cold start of `make demo-vote`, whose answers hold
+    a split block about 2.4 times as often as `teacher`'s (55% against 23%). A drill whose majority slipped states the slipped value, so the run keeps
     the answers that are wrong (`require_correct: false`), and its SFT leaves the paths of a split block out of the
     loss (`disagreeing_paths_in_loss: false`)."""
     rng = random.Random(seed)
