@@ -129,12 +129,7 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateAr
                 f"summary_loss_weight={self.summary_loss_weight} weighs TRL's fused next-token loss: it cannot be "
                 f"combined with {option}, which computes another"
             )
-        rules = {
-            f"attention={self.attention!r}": self.attention != "causal",
-            f"summary_loss_weight={self.summary_loss_weight}": self.summary_loss_weight != 1,
-            "disagreeing_paths_in_loss=False": not self.disagreeing_paths_in_loss,
-        }
-        setting = next((rule for rule, on in rules.items() if on), None)
+        setting = self.structured_setting
         if setting is None:
             return
         refused = {
@@ -153,6 +148,17 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateAr
                 f"{setting} needs completion_only_loss: the completion (the part whose tags are read) starts at the "
                 "first token in the loss, and the prompt, which names the tags as plain text, must stay out of it."
             )
+
+    @property
+    def structured_setting(self) -> str | None:
+        """The first setting of this run that reads each row's tags (an attention other than causal, or a rule of
+        `trainers.summary_loss`), named as it is set; None when no setting does."""
+        settings = {
+            f"attention={self.attention!r}": self.attention != "causal",
+            f"summary_loss_weight={self.summary_loss_weight}": self.summary_loss_weight != 1,
+            "disagreeing_paths_in_loss=False": not self.disagreeing_paths_in_loss,
+        }
+        return next((setting for setting, on in settings.items() if on), None)
 
 
 SFT_ARGUMENTS = (SFTDataArguments, ParallelSFTConfig, ModelConfig)

@@ -142,20 +142,11 @@ class ParallelSFTTrainer(ModelCardMixin, TagRateMixin, SFTTrainer):
             self.data_collator = DisagreeingPathsOutOfLoss(
                 self.data_collator, self.policy.vocab, processing_class.decode
             )
-        if args.attention != "causal" or self._summary_rules():
-            self._check_structured_setup()
+        if args.structured_setting is not None:
+            self._check_structured_setup(args.structured_setting)
 
-    def _summary_rules(self) -> list[str]:
-        """The rules of `summary_loss` this run turns on, as settings."""
-        rules = {
-            f"summary_loss_weight={self.args.summary_loss_weight}": self.args.summary_loss_weight != 1,
-            "disagreeing_paths_in_loss=False": not self.args.disagreeing_paths_in_loss,
-        }
-        return [rule for rule, on in rules.items() if on]
-
-    def _check_structured_setup(self) -> None:
-        """What reads a row's structure needs its completion whole and in one place."""
-        setting = f"attention={self.args.attention!r}" if self.args.attention != "causal" else self._summary_rules()[0]
+    def _check_structured_setup(self, setting: str) -> None:
+        """What reads a row's structure (`setting`) needs its completion whole and in one place."""
         if not (self.completion_only_loss or self.args.assistant_only_loss):
             raise ValueError(
                 f"{setting} needs the prompt out of the loss: use prompt-completion data (the default "

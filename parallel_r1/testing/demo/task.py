@@ -186,9 +186,9 @@ def vote_drill(problem: Problem, rng: random.Random) -> str:
 
 def vote_teacher(messages: list, seed: int) -> str:
     """`teacher`, or with chance `VOTE_DRILLS` a `vote_drill`: the cold start of `make demo-vote`, whose answers hold
-    a split block about 2.4 times as often as `teacher`'s (55% against 23%). A drill whose majority slipped states the slipped value, so the run keeps
-    the answers that are wrong (`require_correct: false`), and its SFT leaves the paths of a split block out of the
-    loss (`disagreeing_paths_in_loss: false`)."""
+    a split block about 2.4 times as often as `teacher`'s (55% against 23%). A drill whose majority slipped states the
+    slipped value, so the run keeps the answers that are wrong (`require_correct: false`), and its SFT leaves the
+    paths of a split block out of the loss (`disagreeing_paths_in_loss: false`)."""
     rng = random.Random(seed)
     if rng.random() < VOTE_DRILLS:
         return vote_drill(asked(messages), rng)
