@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import runpy
+import shutil
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -51,6 +52,20 @@ def script(name: str):
     return runpy.run_path(str(ROOT / "scripts" / f"{name}.py"))
 
 
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """`mktemp` for this module's fixtures; their folders (a model each, a few gigabytes in all) go with the module."""
+    made = []
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- the model folder
 
 
@@ -70,9 +85,9 @@ def test_the_folder_is_an_ordinary_model_that_is_built_once(real_model_dir):
 
 
 @pytest.fixture(scope="module")
-def padded_dir(real_model_dir, tmp_path_factory):
+def padded_dir(real_model_dir, scratch):
     """The real model with SPARE_ROWS embedding rows past its tokenizer, never trained (random, as Qwen3's)."""
-    out = tmp_path_factory.mktemp("padded") / "model"
+    out = scratch("padded") / "model"
     model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32)
     model.resize_token_embeddings(VOCABULARY + SPARE_ROWS, mean_resizing=False)
     model.save_pretrained(out)
@@ -81,12 +96,12 @@ def padded_dir(real_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def special(real_model_dir, padded_dir, tmp_path_factory):
+def special(real_model_dir, padded_dir, scratch):
     """The "-Special" bases `scripts/add_special_tokens.py` makes: by a resize, and into spare rows."""
     main, arguments = (script("add_special_tokens")[name] for name in ("main", "Arguments"))
     made = {}
     for path, base in (("resize", real_model_dir), ("spare rows", padded_dir)):
-        made[path] = tmp_path_factory.mktemp("special") / "model"
+        made[path] = scratch("special") / "model"
         main(arguments(model_name_or_path=str(base), output_dir=str(made[path])))
     return made
 
@@ -125,22 +140,27 @@ SFT_STEPS, SFT_SAVE, MULTIPLIER = 3, 2, 100
 
 def sft_command(model: Path, out: Path, *flags: str) -> list:
     """The SmolLM2 SFT recipe shortened: the 8 shipped traces of at most 448 tokens (chat template included), one a
-    step, 3 steps, a checkpoint at step 2 (and at the end)."""
+    step, 3 steps, a checkpoint at step 2 (and at the end, which replaces it: a checkpoint with its optimizer state
+    is 1.6 GB)."""
     command = [sys.executable, "scripts/sft.py", "--config", str(RECIPES / "sft" / "unseen.yaml")]
     command += ["--model_name_or_path", str(model), "--output_dir", str(out), "--max_length", "448"]
     command += ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1"]
     command += ["--max_steps", str(SFT_STEPS), "--save_strategy", "steps", "--save_steps", str(SFT_SAVE)]
+    command += ["--save_total_limit", "1"]
     return command + ["--tag_lr_multiplier", str(MULTIPLIER), "--learning_rate", "1e-5", *CPU, *flags]
 
 
 @pytest.fixture(scope="module")
-def sft(real_model_dir, tmp_path_factory):
-    """An unbroken SFT run from the real model (the trainer adds the tags by a resize), and the same run killed once
-    its checkpoint 2 is whole, then launched again with `--resume_from_checkpoint true`."""
-    base = tmp_path_factory.mktemp("real-sft")
+def sft(real_model_dir, scratch):
+    """An unbroken SFT run from the real model (the trainer adds the tags by a resize; it saves no checkpoint, which
+    cannot change its steps), and the same run killed once its checkpoint 2 is whole, then launched again with
+    `--resume_from_checkpoint true`."""
+    base = scratch("real-sft")
     whole, killed = base / "whole", base / "killed"
     with ExitStack() as stack:
-        reference = stack.enter_context(Launch(sft_command(real_model_dir, whole), base / "whole.log"))
+        reference = stack.enter_context(
+            Launch(sft_command(real_model_dir, whole, "--save_strategy", "no"), base / "whole.log")
+        )
         victim = stack.enter_context(Launch(sft_command(real_model_dir, killed), base / "killed.log"))
         victim.kill_when(lambda: complete(killed / f"checkpoint-{SFT_SAVE}"), "checkpoint 2 with its trainer state")
         assert not (killed / "model.safetensors").exists(), "the kill landed after the end"
@@ -196,12 +216,12 @@ def mean_direction(model, tokenizer) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def writes_tags(real_model_dir, tmp_path_factory):
+def writes_tags(real_model_dir, scratch):
     """The real model with the tags, its head untied and three head rows (`<Parallel>`, `</Path>`, `</Summary>`)
     set along the mean direction of its last hidden states (0.7-0.74 times it: logits about the top ones'), so that
     it opens blocks and closes paths and summaries on its own, where the context leans that way. The rest is the
     real model and its real tokenizer. Saved (float32), with the SFT recipe's settings recorded."""
-    out = tmp_path_factory.mktemp("writes-tags") / "model"
+    out = scratch("writes-tags") / "model"
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
     model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
     add_parallel_tokens(tokenizer, model)
