@@ -61,7 +61,7 @@ demo-matched: install
 
 # make demo-matched with a summary trained to vote: a cold start where two answers in three are vote drills, and an
 # SFT four times as long that weighs the summary and trains no path of a split block (the plain SFT as long):
-# outputs/demo-vote/results/ (votes.md: how often the summary states the majority). About an hour.
+# outputs/demo-vote/results/ (votes.md: how often the summary states the majority). About 25 minutes.
 demo-vote: install
 	$(PY) scripts/demo.py --vote --matched --output_dir outputs/demo-vote
 
