@@ -2,10 +2,11 @@
 
 The rules checked, each through the scripts under `accelerate launch`:
 - SFT on 2 processes with per-device batch b ends where 1 process with batch 2b ends: the same logged losses and
-  gradient norms, the same weights, to float tolerance; under DDP and under ZeRO-3
-  (`accelerate_configs/zero3_cpu.yaml`). The base lacks the tags, so each run adds them (under ZeRO-3 into the
+  gradient norms, the same weights, to float tolerance; under DDP, ZeRO-3 (`accelerate_configs/zero3_cpu.yaml`)
+  and ZeRO-2 (`zero2_cpu.yaml`). The base lacks the tags, so each run adds them (under ZeRO-3 into the
   partitioned embedding's spare rows) and trains their rows at 10 times the rate (`tag_lr_multiplier`, under
-  ZeRO-3 through DeepSpeed's float32 copy): the rows start and move as on one process.
+  DeepSpeed in each process's part of its float32 copy; under ZeRO-2 the second process holds none of the
+  embedding, where the earlier whole-tensor gathers hung): the rows start and move as on one process.
 - GRPO with fork-join rollouts, isolated and tree, under DDP and ZeRO-3: every step logs a finite loss and reward
   and the shape of the completions, the two processes sample different completions of a group, the weights move,
   the whole model is saved with its tags.
@@ -14,7 +15,7 @@ The rules checked, each through the scripts under `accelerate launch`:
 - `ds3_gather_for_generation=false` under ZeRO-3 with the engine on transformers is refused at start.
 
 DDP on CPU is torchrun's launcher (`--multi_gpu`) with the recipes' `use_cpu: true`, which makes the processes
-gloo ones (accelerate's MULTI_CPU). The nine launches run three at a time (a launch alone keeps about one of two
+gloo ones (accelerate's MULTI_CPU). The ten launches run three or four at a time (a launch alone keeps about one of two
 cores busy: most of it is imports): about 3.5 minutes on 2 cores. The first ZeRO-3 launch on a machine builds
 DeepSpeed's CPU communication op (~2 min, cached in ~/.cache/torch_extensions, shared with test_sft.py's ZeRO-3 test).
 """
@@ -46,6 +47,7 @@ SETUPS = {
     "one": ["--config_file", "accelerate_configs/cpu.yaml"],
     "ddp": ["--config_file", "accelerate_configs/cpu.yaml", "--multi_gpu", "--num_processes", "2"],
     "zero3": ["--config_file", "accelerate_configs/zero3_cpu.yaml", "--num_processes", "2"],
+    "zero2": ["--config_file", "accelerate_configs/zero2_cpu.yaml", "--num_processes", "2"],
 }
 
 SFT_STEPS, SFT_BATCH = 4, 2  # 8 traces: an epoch is 2 steps of 2 x 2 (or 1 x 4), so the runs cross one
@@ -81,7 +83,7 @@ def drill_ready(out: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def runs(bare_tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
-    """Every launch of the module, three at a time; each run's output folder, log and exit code by name."""
+    """Every launch of the module, three or four at a time; each run's output folder, log and exit code by name."""
     base = tmp_path_factory.mktemp("multiprocess")
     sft = lambda setup, batch: command(  # noqa: E731
         setup, free_port(), SFT, "--model_name_or_path", str(bare_tiny_dir), "--output_dir", str(base / f"sft-{setup}"),
@@ -112,9 +114,11 @@ def runs(bare_tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
         # 2: the drill resumed, SFT on two processes with batch b
         resumed = start("resumed", grpo("zero3", "killed", DRILL_STEPS, *drill, "--resume_from_checkpoint", "true"))
         ddp_sft, zero3_sft = start("sft-ddp", sft("ddp", SFT_BATCH)), start("sft-zero3", sft("zero3", SFT_BATCH))
+        zero2_sft = start("sft-zero2", sft("zero2", SFT_BATCH))
         finish("resumed", resumed, "killed")
         finish("sft-ddp", ddp_sft)
         finish("sft-zero3", zero3_sft)
+        finish("sft-zero2", zero2_sft)
         # 3: GRPO isolated and tree under DDP, isolated under ZeRO-3 (tree under ZeRO-3 is the drill's unbroken run)
         launches = {
             "ddp-isolated": start("ddp-isolated", grpo("ddp", "ddp-isolated", GRPO_STEPS)),
@@ -140,7 +144,7 @@ def finite(*values) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setup", ["ddp", "zero3"])
+@pytest.mark.parametrize("setup", ["ddp", "zero3", "zero2"])
 def test_sft_on_two_processes_with_batch_b_matches_one_process_with_batch_2b(runs, bare_tiny_dir, setup):
     one, two = succeeded(runs["sft-one"]), succeeded(runs[f"sft-{setup}"])
     assert GLOBAL_BATCH_4 in runs[f"sft-{setup}"]["log"] and GLOBAL_BATCH_4 in runs["sft-one"]["log"]
@@ -156,7 +160,11 @@ def test_sft_on_two_processes_with_batch_b_matches_one_process_with_batch_2b(run
         # sums of squares over sharded (ZeRO-3) or reduced gradients: seen 2e-6 apart
         assert shared["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-4), alone["step"]
     weights = [load_file(out / "model.safetensors") for out in (one, two)]
-    assert weights[0].keys() == weights[1].keys()  # ZeRO-3 gathered the whole model into the saved file
+    extra = weights[1].keys() - weights[0].keys()  # ZeRO-2 saves the tied head under its own name as well
+    assert extra <= ({"lm_head.weight"} if setup == "zero2" else set())
+    for name in extra:
+        assert torch.equal(weights[1][name], weights[1]["model.embed_tokens.weight"]), name
+    assert weights[0].keys() <= weights[1].keys()  # ZeRO-3 gathered the whole model into the saved file
     for name, tensor in weights[0].items():
         assert weights[1][name].shape == tensor.shape, name
         torch.testing.assert_close(weights[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)

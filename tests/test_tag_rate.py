@@ -45,6 +45,52 @@ def test_the_hooks_step_the_rows_as_a_group_of_their_own_at_k_times_the_rate():
     assert not torch.allclose(hooked.detach()[ROWS], start[ROWS])
 
 
+def bf16_spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance from each value (rounded to `dtype`) to the next one up in `dtype`: one rounding step."""
+    rounded = values.to(dtype)
+    return (torch.nextafter(rounded, torch.full_like(rounded, torch.inf)) - rounded).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_in_low_precision_the_rows_move_as_a_float32_group_of_their_own_would(dtype):
+    """Weights in bfloat16 (or float16) stepped by a torch optimizer, with no float32 copy (the SmolLM2 recipes' one
+    GPU: --bf16 true --dtype bfloat16). An embedding's value near 0.03 has a bfloat16 step of 2.4e-4: a step of 1e-5
+    rounds to nothing, so scaling the change after the step scaled zero. The rows keep a float32 copy of their own:
+    after eight steps at 1e-5 and K=10 (decoupled weight decay and a schedule on), they sit within one rounding of
+    where float32 rows in a group of their own at K times the rate end (the same gradients), and the other rows are
+    stepped as without the hooks, bit for bit."""
+    torch.manual_seed(0)
+    start = (0.03 + 0.002 * torch.randn(8, 3)).to(dtype)
+    others = [r for r in range(8) if r not in ROWS]
+    hooked, plain = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    rows = torch.nn.Parameter(start[ROWS].float())  # the reference: float32 rows from the same values
+    settings = dict(lr=1e-5, weight_decay=0.1, betas=(0.9, 0.95))
+    ours, unhooked = torch.optim.AdamW([hooked], **settings), torch.optim.AdamW([plain], **settings)
+    TagRate(ours, [(hooked, ROWS)], K)
+    reference = torch.optim.AdamW([rows], **{**settings, "lr": K * settings["lr"]})
+    optimizers = (ours, unhooked, reference)
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: 1 / (1 + 0.1 * step)) for o in optimizers]
+    for _ in range(8):
+        grad = (2.0 + torch.randn(8, 3)).to(dtype)  # mostly one sign: the rows travel
+        hooked.grad, plain.grad, rows.grad = grad.clone(), grad.clone(), grad[ROWS].float()
+        for optimizer, schedule in zip(optimizers, schedules):
+            optimizer.step()
+            schedule.step()
+    moved = (rows.detach() - start[ROWS].float()).abs()
+    assert moved.min() > 2 * bf16_spacing(start[ROWS].float(), dtype).max()  # far enough for rounding to show
+    step = bf16_spacing(rows.detach(), dtype)
+    assert ((hooked.detach()[ROWS].float() - rows.detach()).abs() <= step).all()
+    assert torch.equal(hooked.detach()[others], plain.detach()[others])
+
+
+def test_in_low_precision_coupled_weight_decay_is_refused():
+    """Adam's (or SGD's) weight decay adds to the gradient, through the rows the float32 copy stands for: refused."""
+    weight = torch.nn.Parameter(torch.zeros(8, 2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="decoupled weight decay"):
+        TagRate(torch.optim.Adam([weight], weight_decay=0.1), [(weight, ROWS)], K)
+    TagRate(torch.optim.Adam([weight]), [(weight, ROWS)], K)  # no decay: nothing passes through the rows
+
+
 def test_an_optimizer_whose_step_is_not_proportional_to_the_rate_is_refused():
     weight = torch.nn.Parameter(torch.zeros(4, 2))
     with pytest.raises(ValueError, match="proportional to the learning rate"):
