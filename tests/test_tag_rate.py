@@ -209,3 +209,21 @@ def test_an_optimizer_made_by_deepspeeds_config_is_refused(tmp_path, traces):
             )
     finally:
         unset_hf_deepspeed_config()
+
+
+def test_an_optimizer_created_again_gets_the_hooks_too(tmp_path, tag_prone_dir):
+    """The trainer may create its optimizer again (a `model_init` run, hyperparameter search): the new one scales
+    the tag rows as the first did (the hooks once followed only the first optimizer)."""
+    trainer = tiny_grpo_trainer(tag_prone_dir, tiny_grpo_config(tmp_path, max_steps=1, tag_lr_multiplier=K))
+    first = trainer.create_optimizer()
+    trainer.optimizer = None
+    second = trainer.create_optimizer()
+    assert second is not first and trainer.tag_rate.optimizer is second
+    embedding = trainer.model.get_input_embeddings().weight
+    tags, start = sorted(tag_ids(trainer.processing_class).values()), embedding.detach().clone()
+    for param in trainer.model.parameters():
+        param.grad = torch.ones_like(param)
+    second.step()
+    moved = (embedding.detach() - start).abs()
+    others = [i for i in range(moved.shape[0]) if i not in tags]
+    torch.testing.assert_close(moved[tags], K * moved[others][: len(tags)], rtol=1e-4, atol=0)
