@@ -310,7 +310,7 @@ class Runner:
         else:
             schedule = "rounds" if strategy == "rounds" else "per_completion"
             engine = (OfficialEngine if strategy == "official" else ForkJoinEngine)(
-                backend, self.tokens, config, schedule
+                backend, self.tokens, self.tokens.grammar(config), config, schedule
             )
             stacked = _StackCount(backend) if strategy == "rounds" and self.name == "transformers" else None
             rollouts = engine.generate(prompts, seeds)

@@ -1,15 +1,17 @@
 """The policy: one run's tokenizer and settings, and everything that must agree between what is sampled and what is
 trained.
 
-    policy = ParallelPolicy.from_pretrained("outputs/tiny-grpo")         # the settings the model recorded
-    backend = policy.backend(Sampling(seed=0), model=load_for_sampling("outputs/tiny-grpo"))
+    policy = ParallelPolicy.from_pretrained("outputs/tiny-grpo", sampling=SamplingArguments(temperature=1.0))
+    backend = policy.backend(policy.sampling(seed=0), model=load_for_sampling("outputs/tiny-grpo"))
     rollouts = policy.rollouts(backend, prompt_ids)                       # fork-join engine, or one plain decode
-    model_on_structure = policy.training_forward(model, start, 1.0)      # scores them as they were sampled
+    model_on_structure = policy.training_forward(model, start, sampled=True)  # scores them as they were sampled
     shape = policy.shape(rollouts[0].completion_ids)                      # blocks, paths, T, D, ...
 
-A `ParallelPolicy` holds the settings whole (`RolloutArguments`; SFT's `ParallelArguments`, which sample nothing)
-and reads from the tokenizer, once, what both sides need: the tag ids, the ids that end a completion, and the tag
-grammar that the sampler obeys and the training forward re-applies. The trainers, the evaluation and its
+A `ParallelPolicy` holds the settings whole (GRPO's config, an evaluation's, `RolloutArguments` with the sampling of
+a caller; SFT's `ParallelArguments`, which sample nothing) and reads from the tokenizer, once, what both sides need:
+the tag ids, the ids that end a completion, and the tag grammar that the sampler obeys (the engine takes it from
+here) and the training forward re-applies. The temperature the tokens are drawn at (`sampling`) is the one the
+training forward scores them at (`training_forward`): both read the settings' `temperature`. The trainers, the evaluation and its
 in-training callback and `sampling.ParallelSampler` (`scripts/generate.py`) sample, score and measure through it;
 the cold start's teachers, which are other models, build their backends with it (`backend`, `load_for_sampling`,
 `load_llm`); `shape_metrics` is the one place the shape of a set of completions is summed up, for
@@ -18,9 +20,11 @@ the training logs and the evaluation tables alike.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from .rewards.diversity import self_bleu
 from .rollout import EngineTokens, ForkJoinEngine, Rollout, Sampling, TransformersBackend, plain_rollouts
-from .rollout.arguments import ParallelArguments, concurrent_paths
+from .rollout.arguments import ParallelArguments, SampledRolloutArguments, SamplingArguments, concurrent_paths
 from .structure import IsolatedForward, TreeForward
 from .tags.grammar import GrammarForward
 from .tags.language import TagVocab, parse, stats
@@ -46,30 +50,63 @@ class ParallelPolicy:
             self.grammar = self.tokens.grammar(settings)
 
     @classmethod
-    def from_pretrained(cls, path: str, revision: str | None = None, **overrides) -> ParallelPolicy:
+    def from_pretrained(
+        cls, path: str, revision: str | None = None, sampling: SamplingArguments | None = None, **overrides
+    ) -> ParallelPolicy:
         """The policy of a saved model: its tokenizer, the settings it recorded (then `overrides`, None ignored:
-        `model_settings.read_settings`) and its end ids (`model_settings.saved_eos_ids`)."""
+        `model_settings.read_settings`) with `sampling`, how its tokens are to be drawn (none: it samples nothing),
+        and its end ids (`model_settings.saved_eos_ids`)."""
         from transformers import AutoTokenizer
 
         from .model_settings import read_settings, saved_eos_ids
 
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         settings = read_settings(path, revision, **overrides)
+        if sampling is not None:
+            settings = SampledRolloutArguments(**asdict(settings), **asdict(sampling))
         return cls(tokenizer, settings, saved_eos_ids(tokenizer, path, revision))
 
     # ------------------------------------------------------------------ sampling
 
+    def sampling(self, seed: int | None) -> Sampling:
+        """How this policy's tokens are drawn, from its settings: `temperature` (the one `training_forward` scores
+        at), `top_p` and, where the settings have one, `top_k`; `seed` seeds the generator that gives each
+        completion its own seed (`rollout.backend.completion_seeds`)."""
+        settings = self.settings
+        if not hasattr(settings, "temperature"):
+            raise ValueError(f"{type(settings).__name__} sets no temperature: this policy samples nothing")
+        return Sampling(settings.temperature, settings.top_p, getattr(settings, "top_k", 0) or 0, seed)
+
+    def ban_words(self) -> dict[int, str]:
+        """The text of each id the grammar may ban, for a vLLM server, which takes bans as `bad_words`: texts it
+        tokenizes with this tokenizer, banning the last id of each, and of its form after a space when that is a
+        single other id. So each text must read back as its own id alone, and its spaced form as no other single
+        id; a tokenizer that does not is refused here, naming the token. Empty without a grammar (nothing is
+        banned)."""
+        words = {}
+        for token in self.grammar.controlled if self.grammar is not None else ():
+            text = self.tokenizer.decode([token])
+            alone = self.tokenizer.encode(text, add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + text.lstrip(), add_special_tokens=False)
+            if alone != [token] or (len(spaced) == 1 and spaced != [token]):
+                raise ValueError(
+                    f"id {token} ({text!r}) cannot be banned on a vLLM server: its text does not tokenize back to "
+                    "that one id alone"
+                )
+            words[token] = text
+        return words
+
     @staticmethod
-    def backend(sampling: Sampling, *, model=None, llm=None, client=None, vocab_size: int | None = None):
+    def backend(sampling: Sampling, *, model=None, llm=None, client=None, ban_words: dict[int, str] | None = None):
         """The decoding backend over exactly one of: a transformers `model`, an offline `vllm.LLM` (`llm`, also
-        TRL's colocated engine) or TRL's `VLLMClient` of a server (`client`, with the model's `vocab_size`)."""
+        TRL's colocated engine) or TRL's `VLLMClient` of a server (`client`, with the policy's `ban_words`)."""
         if sum(source is not None for source in (model, llm, client)) != 1:
             raise ValueError("a backend needs exactly one of model, llm or client")
         if model is not None:
             return TransformersBackend(model, sampling)
         from .rollout.vllm_backend import VLLMBackend
 
-        return VLLMBackend(llm=llm, client=client, sampling=sampling, vocab_size=vocab_size)
+        return VLLMBackend(llm=llm, client=client, sampling=sampling, ban_words=ban_words)
 
     def open_backend(self, path: str, args, sampling: Sampling, model_args=None, device=None):
         """The backend `args.backend` names (`rollout.arguments.BackendArguments`) over the saved model at `path`:
@@ -85,17 +122,15 @@ class ParallelPolicy:
         if args.backend == "vllm":
             llm = load_llm(path, args, revision, dtype, sampling.seed, logprobs_mode="processed_logprobs")
             return self.backend(sampling, llm=llm)
-        from transformers import AutoConfig
         from trl.generation.vllm_client import VLLMClient
 
-        vocab_size = AutoConfig.from_pretrained(path, revision=revision).get_text_config().vocab_size
-        return self.backend(sampling, client=VLLMClient(base_url=args.vllm_server_url), vocab_size=vocab_size)
+        return self.backend(sampling, client=VLLMClient(base_url=args.vllm_server_url), ban_words=self.ban_words())
 
     def engine(self, backend) -> ForkJoinEngine:
         """The fork-join engine of these settings on `backend`."""
         if self.tokens is None:
             raise ValueError(f"rollout_mode={self.settings.rollout_mode!r} samples without the fork-join engine")
-        return ForkJoinEngine(backend, self.tokens, self.settings)
+        return ForkJoinEngine(backend, self.tokens, self.grammar, self.settings)
 
     def rollouts(self, backend, prompts: list[list[int]], seeds: list[int] | None = None) -> list[Rollout]:
         """One rollout per prompt, with the fork-join engine or, for `rollout_mode: plain`, one plain decode capped
@@ -106,11 +141,12 @@ class ParallelPolicy:
 
     # ------------------------------------------------------------------ training
 
-    def training_forward(self, model, completion_start, temperature: float | None = None):
+    def training_forward(self, model, completion_start, sampled: bool = False):
         """`model` called on the run's structure (`attention`: isolated and tree rebuild it from the ids; causal is
-        the model itself) and, given the sampling `temperature`, scored under the grammar the sampler obeyed, a
-        summary's tokens at the run's `summary_temperature`.
-        `completion_start`: where the completions start, one for all rows or one per row (SFT)."""
+        the model itself) and, for completions this policy `sampled`, scored as they were drawn: under the grammar
+        the sampler obeyed, at the settings' `temperature` (`sampling`), a summary's tokens at the run's
+        `summary_temperature`. `completion_start`: where the completions start, one for all rows or one per row
+        (SFT, which scores its traces as written: not `sampled`)."""
         settings = self.settings
         if settings.attention != "causal" and self.vocab is None:
             tag_ids(self.tokenizer)  # raises, naming the missing tags
@@ -118,7 +154,8 @@ class ParallelPolicy:
             model = IsolatedForward(model, self.vocab, completion_start, settings)
         elif settings.attention == "tree":
             model = TreeForward(model, self.vocab, completion_start, settings)
-        if temperature is not None and self.grammar is not None:
+        if sampled and self.grammar is not None:
+            temperature = self.sampling(None).temperature
             model = GrammarForward(model, self.grammar, completion_start, temperature, settings.summary_temperature)
         return model
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from .data import build_prompt, prompt_ids
 from .policy import ParallelPolicy
-from .rollout import Sampling
-from .rollout.arguments import BackendArguments
+from .rollout.arguments import BackendArguments, SamplingArguments
 from .tags.language import TAGS
 
 
@@ -39,9 +38,10 @@ class ParallelSampler:
         from .cli import check_model_path
 
         check_model_path(model_path)
-        self.policy = ParallelPolicy.from_pretrained(model_path, **overrides)
-        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-        self.backend = self.policy.open_backend(model_path, backend or BackendArguments(), sampling, device=device)
+        sampling = SamplingArguments(temperature=temperature, top_p=top_p, seed=seed)
+        self.policy = ParallelPolicy.from_pretrained(model_path, sampling=sampling, **overrides)
+        backend_args = backend or BackendArguments()
+        self.backend = self.policy.open_backend(model_path, backend_args, self.policy.sampling(seed), device=device)
 
     def answer(self, problems: list[str]) -> list:
         """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""

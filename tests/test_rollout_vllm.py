@@ -32,7 +32,8 @@ def vllm_engine(setup, backend, **config):
     _, _, tokenizer, vocab = setup
     config = {"max_completion_length": 120, "max_path_tokens": 24, "max_summary_tokens": 16, **config}
     tokens = EngineTokens.of(tokenizer, [tokenizer.eos_token_id], vocab)
-    return ForkJoinEngine(backend, tokens, RolloutArguments(**config))
+    settings = RolloutArguments(**config)
+    return ForkJoinEngine(backend, tokens, tokens.grammar(settings), settings)
 
 
 def first_difference(a, b):
@@ -149,13 +150,29 @@ def server(tag_prone_dir):
         yield VLLMClient(base_url=url)
 
 
+class _RecordingClient:
+    """TRL's VLLMClient, recording the sampling parameters of every request it sends."""
+
+    def __init__(self, client):
+        self.client, self.requests = client, []
+
+    def generate(self, **request):
+        self.requests.append(request["generation_kwargs"])
+        return self.client.generate(**request)
+
+
 @pytest.mark.slow  # measured: 10-27 s with its setup (make test-quick leaves it out)
 def test_server_mode_generates_the_same_rollouts(tag_prone, server):
-    """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process (the
-    grammar's bans go as allowed_token_ids, since the HTTP API clamps logit biases to -100)."""
+    """TRL's VLLMClient against a local OpenAI-compatible server: the same greedy rollouts as in-process. The
+    grammar's bans go as bad_words, the banned ids' texts (the HTTP API clamps logit biases to -100), never as an
+    allow-list of the whole vocabulary; a width decision's two ids as allowed_token_ids."""
+    from parallel_r1.policy import ParallelPolicy
+
     _, model, tokenizer, _ = tag_prone
     ours = engine(tag_prone, temperature=0.0, attention="causal", rollout_mode="fork").generate(prompts(tokenizer))
-    backend = VLLMBackend(client=server, sampling=Sampling(temperature=0.0), vocab_size=model.config.vocab_size)
+    words = ParallelPolicy(tokenizer, RolloutArguments(), {tokenizer.eos_token_id}).ban_words()
+    client = _RecordingClient(server)
+    backend = VLLMBackend(client=client, sampling=Sampling(temperature=0.0), ban_words=words)
     theirs = vllm_engine(tag_prone, backend, attention="causal", rollout_mode="fork").generate(prompts(tokenizer))
     assert any(r.blocks for r in theirs)
     for a, b in zip(ours, theirs):
@@ -166,6 +183,9 @@ def test_server_mode_generates_the_same_rollouts(tag_prone, server):
     ours = engine(tag_prone, temperature=0.0, **chosen).generate(prompts(tokenizer))
     theirs = vllm_engine(tag_prone, backend, **chosen).generate(prompts(tokenizer))
     assert [a.completion_ids for a in ours] == [b.completion_ids for b in theirs]
+    assert any(r.get("bad_words") for r in client.requests)  # every segment but a decision bans something
+    assert all(set(r["bad_words"]) <= set(words.values()) for r in client.requests if "bad_words" in r)
+    assert max(len(r.get("allowed_token_ids", [])) for r in client.requests) == 2  # a decision's, no more
 
 
 def test_a_completion_does_not_depend_on_its_batch_on_vllm(tag_prone, llm):
@@ -237,7 +257,7 @@ def test_server_mode_sends_the_segments_of_a_batch_at_once():
     """Server mode: each segment is a request of its own, in flight together, not one blocking call after another."""
     from parallel_r1.rollout.backend import Segment
 
-    backend = VLLMBackend(client=_GatedClient(4), sampling=Sampling(temperature=1.0), vocab_size=16)
+    backend = VLLMBackend(client=_GatedClient(4), sampling=Sampling(temperature=1.0), ban_words={})
     segments = [Segment(stream, max_new=3) for stream in backend.start([[1, 2]] * 4, seeds=[1, 2, 3, 4])]
     backend.submit(segments)
     done = {}

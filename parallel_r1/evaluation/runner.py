@@ -26,7 +26,6 @@ from ..data import DataArguments, load_problems, prompt_ids
 from ..durable import check_settings
 from ..model_settings import saved_eos_ids
 from ..policy import ParallelPolicy
-from ..rollout import RolloutArguments, Sampling
 from ..tags.tokens import has_parallel_tokens
 from ..versions import versions
 from . import records as rec
@@ -51,13 +50,12 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
     eos = saved_eos_ids(tokenizer, path, model_args.model_revision)
     if config.rollout_mode != "plain" and not has_parallel_tokens(tokenizer):
         raise ValueError(f"{path} has no parallel tags in its tokenizer: use rollout_mode='plain' to evaluate it")
-    policy = ParallelPolicy(tokenizer, RolloutArguments.from_fields(config), eos)
+    policy = ParallelPolicy(tokenizer, config, eos)  # the filled config: its rollout and its sampling
     if config.backend != "transformers" and state.num_processes > 1:
         raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
     if state.is_main_process:
         _check_settings(folder, config, model_args)
-    sampling = Sampling(config.temperature, config.top_p, config.top_k, config.seed)
-    backend = policy.open_backend(path, config, sampling, model_args, state.device)
+    backend = policy.open_backend(path, config, policy.sampling(config.seed), model_args, state.device)
     state.wait_for_everyone()
     done = {rec.key(r) for r in rec.read_shards(folder)}
     state.wait_for_everyone()  # every process knows what is done before any writes: they split the same list

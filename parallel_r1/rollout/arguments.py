@@ -128,6 +128,16 @@ class SamplingArguments:
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
 
 
+@dataclass(kw_only=True)
+class SampledRolloutArguments(RolloutArguments, SamplingArguments):
+    """A saved model's rollout with how its tokens are drawn: the settings of a policy that samples outside
+    training (`ParallelPolicy.from_pretrained(..., sampling=...)`)."""
+
+    def __post_init__(self):
+        RolloutArguments.__post_init__(self)
+        SamplingArguments.__post_init__(self)
+
+
 @document_parameters
 @dataclass(kw_only=True)
 class VLLMArguments:

@@ -116,7 +116,8 @@ class _State:
 
 
 class ForkJoinEngine:
-    """Rollouts of `config` on `backend`. `schedule`: "per_completion" (each completion moves to its next phase
+    """Rollouts of `config` on `backend`, sampled under `grammar` (the policy's: `ParallelPolicy.grammar`, the one
+    the training forward re-applies). `schedule`: "per_completion" (each completion moves to its next phase
     as soon as its own segments end) or "rounds" (every completion waits until all the segments of the batch have
     ended, as earlier versions did: the baseline of `benchmarks/bench_rollout.py`)."""
 
@@ -124,6 +125,7 @@ class ForkJoinEngine:
         self,
         backend: Backend,
         tokens: EngineTokens,
+        grammar: Grammar,
         config: RolloutArguments,
         schedule: Literal["per_completion", "rounds"] = "per_completion",
     ):
@@ -133,7 +135,7 @@ class ForkJoinEngine:
             raise ValueError(f"schedule must be 'per_completion' or 'rounds', got {schedule!r}")
         self.backend, self.config, self.schedule = backend, config, schedule
         self.tag = tokens.vocab.ids
-        self.grammar = tokens.grammar(config)
+        self.grammar = grammar
         self.separator = list(tokens.separator_ids)
         self.fork = config.rollout_mode == "fork"
         self.isolated = config.attention == "isolated"

@@ -16,9 +16,13 @@ Two ways to reach vLLM, as TRL does:
 - colocate: a `vllm.LLM` in the training process (`trainer.vllm_generation.llm`);
 - server: TRL's `VLLMClient` to a `trl vllm-serve` or `vllm serve` endpoint (its /v1/completions).
 
-Banned tokens (the tag grammar) are true bans: colocated, a -inf `logit_bias`; through the HTTP API,
-which clamps biases to [-100, 100], `allowed_token_ids` (every id of the model's vocabulary but the
-banned ones). A width decision's allow-list is `allowed_token_ids` on both. The reported log-probs are those of the renormalised distribution the trainer recomputes
+Banned tokens (the tag grammar) are true bans: colocated, a -inf `logit_bias`; through the HTTP API, which clamps
+biases to [-100, 100], `bad_words`: the banned ids' texts (a handful: only the six tags and the EOS ids are ever
+banned), which the server tokenizes back into those ids and bans outright (`ParallelPolicy.ban_words` checks that
+each text reads back as its one id, and no other). Sending the allowed ids instead would cost a request the whole
+vocabulary, about 150k integers at Qwen's size, and the server a mask for each. A width decision's allow-list is
+`allowed_token_ids` on both (two ids). A banned id a server returns anyway (one that ignored the bans) stops the
+rollout with an error. The reported log-probs are those of the renormalised distribution the trainer recomputes
 only with `logprobs_mode="processed_logprobs"`: TRL's colocated engine and `trl vllm-serve` set it; a
 plain `vllm serve` needs `--logprobs-mode processed_logprobs`.
 
@@ -107,8 +111,8 @@ class VLLMBackend:
     Colocated, requests go into the engine TRL holds (`llm.llm_engine.add_request`) and `step` runs one engine step
     (`llm_engine.step()`): continuous batching keeps every running request in each step, and a request added
     between two steps joins the next. Server mode sends each request from a pool of `max_concurrent_requests`
-    threads, and `step` waits for the next answer. Server mode needs `vocab_size`, the model's number of token ids
-    (`model.config.vocab_size`), to write bans as `allowed_token_ids`. Colocated, a segment that shares a `Room` is
+    threads, and `step` waits for the next answer. Server mode needs `ban_words`, the text of each id a segment may
+    ban (`ParallelPolicy.ban_words`), to send bans as `bad_words`. Colocated, a segment that shares a `Room` is
     ended once the room is full; a server request is decoded whole (what the engine keeps is the same).
     """
 
@@ -117,14 +121,14 @@ class VLLMBackend:
         llm=None,
         client=None,
         sampling: Sampling | None = None,
-        vocab_size: int | None = None,
+        ban_words: dict[int, str] | None = None,
         max_concurrent_requests: int = 64,
     ):
         if (llm is None) == (client is None):
             raise ValueError("VLLMBackend needs exactly one of `llm` (colocate) or `client` (server)")
-        if client is not None and vocab_size is None:
-            raise ValueError("VLLMBackend in server mode needs vocab_size (the model's number of token ids)")
-        self.llm, self.client, self.sampling, self.vocab_size = llm, client, sampling or Sampling(), vocab_size
+        if client is not None and ban_words is None:
+            raise ValueError("VLLMBackend in server mode needs ban_words (ParallelPolicy.ban_words)")
+        self.llm, self.client, self.sampling, self.ban_words = llm, client, sampling or Sampling(), ban_words
         self.generator = torch.Generator()  # draws each call's completion seeds
         if self.sampling.seed is not None:
             self.generator.manual_seed(self.sampling.seed)
@@ -244,6 +248,11 @@ class VLLMBackend:
         return [(segment, self._finish(segment, tokens, logprobs)) for segment, tokens, logprobs in answers]
 
     def _finish(self, segment: Segment, tokens: list[int], logprobs: list[float]) -> Decoded:
+        if banned := segment.banned.intersection(tokens):
+            raise RuntimeError(
+                f"vLLM sampled the banned id(s) {sorted(banned)}: the "
+                f"{'server' if self.llm is None else 'engine'} did not apply the grammar's bans"
+            )
         decoded = finish_segment(segment, tokens, logprobs)
         segment.stream.ids.extend(decoded.tokens)
         segment.stream.draws += sum(decoded.sampled)
@@ -266,8 +275,13 @@ class VLLMBackend:
         elif segment.banned and self.llm is not None:
             params["logit_bias"] = {token: float("-inf") for token in sorted(segment.banned)}
         elif segment.banned:
-            params["allowed_token_ids"] = [i for i in range(self.vocab_size) if i not in segment.banned]
+            params["bad_words"] = [self._word(token) for token in sorted(segment.banned)]
         return params
+
+    def _word(self, token: int) -> str:
+        if token not in self.ban_words:
+            raise ValueError(f"a segment bans id {token}, which ban_words gives no text for")
+        return self.ban_words[token]
 
     def _ask_server(self, segment: Segment) -> tuple[list[int], list[float]]:
         """One segment as one request to the server (TRL's `VLLMClient`, its /v1/completions)."""

@@ -26,13 +26,14 @@ samples what the unbroken run would have.
 from __future__ import annotations
 
 import logging
+import math
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOTrainer
-from trl.models.utils import unwrap_model_for_generation
+from trl.models import unwrap_model_for_generation
 
 from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
@@ -41,6 +42,7 @@ from ..rollout import Sampling
 from ..rollout.vllm_backend import keep_cpu_linear_weights
 from ..structure import check_attention_implementation
 from .card import ModelCardMixin
+from .colocated_vllm import colocated_rollouts, group_seed, room_for_paths
 from .tag_rate import TagRateMixin
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,20 @@ def check_zero3_generation(args: ParallelGRPOConfig) -> None:
         )
 
 
+def corrected_weights(ratio, mask, mode: str, clip_min: float | None, clip_max: float | None) -> tuple[int, int]:
+    """How many of TRL's importance weights its correction changed, and of how many: set to 0 (the mask modes) or
+    held at a clip bound (the truncate modes); one weight a completion in the sequence modes, one a sampled token
+    (`mask`) in the others. A bound of None is no bound, as TRL reads it."""
+    weights = ratio.flatten() if mode.startswith("sequence") else ratio[mask.bool()]
+    if mode.endswith("mask"):
+        changed = weights == 0
+    else:
+        high = math.inf if clip_max is None else clip_max
+        low = -math.inf if clip_min is None else clip_min
+        changed = (weights >= high) | (weights <= low)
+    return int(changed.sum()), weights.numel()
+
+
 class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs, args: ParallelGRPOConfig, processing_class=None, **kwargs):
         if not isinstance(args, ParallelGRPOConfig):
@@ -107,9 +123,10 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         if uses_engine:
             os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
             kwargs["rollout_func"] = self._fork_join_rollout
-        super().__init__(
-            model=model, reward_funcs=reward_funcs, args=args, processing_class=processing_class, **kwargs
-        )
+        with room_for_paths(args) if uses_engine else nullcontext():
+            super().__init__(
+                model=model, reward_funcs=reward_funcs, args=args, processing_class=processing_class, **kwargs
+            )
         # what the engine samples under and the log-prob forward re-applies: one policy of the same tokens
         self.policy = ParallelPolicy(self._tokenizer, args, self.eos_token_ids)
         if args.attention != "causal":
@@ -137,11 +154,12 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         }
 
     def _sampling(self) -> Sampling:
-        """The trainer's sampling settings; one random stream per process, since TRL spreads the copies of a
-        prompt over the processes and equal streams would draw equal completions."""
-        args = self.args
-        seed = args.seed + self.accelerator.process_index
-        return Sampling(temperature=args.temperature, seed=seed)
+        """The policy's sampling with one random stream per process, since TRL spreads the copies of a prompt over
+        the processes and equal streams would draw equal completions; one per tensor-parallel group of a colocated
+        vLLM (its processes decode the same completions: `colocated_vllm`)."""
+        colocated = self.use_vllm and self.vllm_generation.mode == "colocate"
+        group = self.args.vllm_tensor_parallel_size if colocated else 1
+        return self.policy.sampling(group_seed(self.args.seed, self.accelerator.process_index, group))
 
     def _sampler(self, build):
         """This process's backend (built by `build` the first time), kept across generations so that the
@@ -154,9 +172,10 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         return self._backend
 
     def _rollouts(self, prompt_ids: list) -> list:
-        if self.use_vllm:  # colocate: this process's own vLLM engine, weights already synced by TRL
-            backend = self._sampler(lambda: self.policy.backend(self._sampling(), llm=self.vllm_generation.llm))
-            return self.policy.rollouts(backend, prompt_ids)
+        if self.use_vllm:  # colocate: the vLLM engine TRL holds, driven as TRL drives it (`colocated_vllm`)
+            generation = self.vllm_generation
+            backend = self._sampler(lambda: self.policy.backend(self._sampling(), llm=generation.llm))
+            return colocated_rollouts(generation, prompt_ids, lambda prompts: self.policy.rollouts(backend, prompts))
         with self._generation_model() as model:
             backend = self._sampler(lambda: self.policy.backend(self._sampling(), model=model))
             backend.model = model
@@ -166,7 +185,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         """Rollouts of the current weights with the training rollout settings, on the transformers backend and a
         random stream of their own (the training stream is not touched). For in-training evaluation."""
         with self._generation_model() as model:
-            backend = self.policy.backend(Sampling(temperature=self.args.temperature, seed=seed), model=model)
+            backend = self.policy.backend(self.policy.sampling(seed), model=model)
             return self.policy.rollouts(backend, prompt_ids)
 
     @contextmanager
@@ -190,10 +209,9 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         everyone = gather_object(prompt_ids)
         payload = [None]
         if self.accelerator.is_main_process:
-            vocab_size = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
             backend = self._sampler(
                 lambda: self.policy.backend(
-                    self._sampling(), client=self.vllm_generation.vllm_client, vocab_size=vocab_size
+                    self._sampling(), client=self.vllm_generation.vllm_client, ban_words=self.policy.ban_words()
                 )
             )
             payload = [self.policy.rollouts(backend, everyone)]
@@ -250,7 +268,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
     # ------------------------------------------------------------------ the structured forward
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        model = self.policy.training_forward(model, input_ids.size(1) - logits_to_keep, self.temperature)
+        model = self.policy.training_forward(model, input_ids.size(1) - logits_to_keep, sampled=True)
         return super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
@@ -270,22 +288,17 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         return output
 
     def _log_clipped(self, output: dict, mode: str) -> None:
-        """The share of TRL's importance weights its correction changed: set to 0 (mask modes) or held at a clip
-        bound (truncate modes); one weight a completion in the sequence modes, one a sampled token in the others."""
+        """The share of TRL's importance weights its correction changed (`corrected_weights`), over every process."""
         args, ratio = self.args, output["importance_sampling_ratio"]
-        if args.vllm_importance_sampling_mode.startswith("sequence"):
-            weights = ratio.flatten()
-        else:
-            mask = output["completion_mask"] * output.get("tool_mask", torch.ones_like(output["completion_mask"]))
-            weights = ratio[mask.bool()]
-        if args.vllm_importance_sampling_mode.endswith("mask"):
-            changed = weights == 0
-        else:
-            low = args.vllm_importance_sampling_clip_min
-            changed = (weights >= args.vllm_importance_sampling_clip_max) | (
-                weights <= low if low is not None else torch.zeros_like(weights, dtype=torch.bool)
-            )
-        counts = torch.tensor([[changed.sum().item(), weights.numel()]], dtype=torch.float64, device=ratio.device)
+        mask = output["completion_mask"] * output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+        changed, total = corrected_weights(
+            ratio,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        counts = torch.tensor([[changed, total]], dtype=torch.float64, device=ratio.device)
         clipped, total = self.accelerator.gather(counts).sum(0).tolist()
         self._metrics[mode]["sampling/importance_weights_clipped"].append(clipped / total if total else 0.0)
 
