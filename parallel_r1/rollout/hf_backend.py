@@ -34,8 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
-from transformers import LogitsProcessorList
-from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from ..structure import isolated_mask
 from .backend import (

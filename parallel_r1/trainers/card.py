@@ -2,7 +2,7 @@
 
 TRL writes a card through `create_model_card` at every checkpoint save and on `push_to_hub`; `ModelCardMixin`
 replaces its generic card with this one, built with huggingface_hub's `ModelCard` and `ModelCardData`. It reads the
-run from the trainer: the base model (`config._name_or_path`), the stage, the attention variant, the tags' ids, the
+run from the trainer: the base model (`config.name_or_path`), the stage, the attention variant, the tags' ids, the
 rollout settings recorded in the model's config (`model_settings.record_settings`), GRPO's rewards, the main training
 arguments and the last logged metrics. `training.train_and_save` tells it the recipe and the dataset, and writes the
 card once more after the final save.
@@ -119,7 +119,7 @@ def model_card(trainer, model_name: str | None = None, dataset_name: str | None 
     """The card of `trainer`'s model, as it stands now."""
     args, config = trainer.args, trainer.model.config
     stage = trainer._name  # TRL's name of the trainer: "SFT" or "GRPO"
-    base = getattr(config, "_name_or_path", "") or None
+    base = getattr(config, "name_or_path", "") or None
     location = (args.hub_model_id or trainer.hub_model_id) if args.push_to_hub else args.output_dir
     model_name = model_name or location.rstrip("/").split("/")[-1]
     extra_tags = [tags] if isinstance(tags, str) else list(tags or [])  # push_to_hub passes the model's tags

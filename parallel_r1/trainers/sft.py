@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from peft.utils.other import TrainableTokensWrapper
+from peft.utils import TrainableTokensWrapper
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTTrainer
