@@ -188,20 +188,40 @@ def test_sft_trains_the_tag_rows_at_their_rate_with_the_models_template(sft, rea
     assert tokenizer.chat_template == base.chat_template and tokenizer.eos_token == "<|im_end|>"
     for entry in step_logs(out):
         assert entry["tag_learning_rate"] == pytest.approx(MULTIPLIER * entry["learning_rate"])
-    trained = load_file(out / "model.safetensors")["model.embed_tokens.weight"]
     config = json.loads((out / "config.json").read_text())
     assert config[INIT_KEY] == "spelling" and config["tie_word_embeddings"]
-    # the tag rows' start, as the trainer made them: each the mean of its spelling's rows
-    start = AutoModelForCausalLM.from_pretrained(real_model_dir).get_input_embeddings().weight.detach()
-    tag_start = torch.stack([start[base.encode(tag, add_special_tokens=False)].mean(0) for tag in TAGS])
-    moved = (trained[[tag_ids(tokenizer)[tag] for tag in TAGS]] - tag_start).abs().median().item()
     # AdamW moves a number with a steady gradient by about the rate a step, so the tag rows (targets in every trace)
     # by about the sum of their rates; at the run's rate they would move 100 times less
-    rates = sum(entry["tag_learning_rate"] for entry in step_logs(out))
+    moved, rates = tag_rows_moved(out, real_model_dir)
     assert 0.3 * rates < moved < 1.5 * rates
     card = (out / "README.md").read_text()
     assert "| `tag_lr_multiplier` | 100.0 |" in card and "started from the rule `spelling`" in card
     assert "recipes/SmolLM2-135M-Instruct/eval/gsm8k.yaml" in card  # the evaluation the card tells to run
+
+
+def tag_rows_moved(out: Path, base_dir: Path) -> tuple[float, float]:
+    """The median distance the tag rows of the embedding moved from their start (each the mean of its spelling's
+    rows), and the sum of their logged rates."""
+    tokenizer, base = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(base_dir)
+    trained = load_file(out / "model.safetensors")["model.embed_tokens.weight"].float()
+    start = AutoModelForCausalLM.from_pretrained(base_dir).get_input_embeddings().weight.detach()
+    tag_start = torch.stack([start[base.encode(tag, add_special_tokens=False)].mean(0) for tag in TAGS])
+    moved = (trained[[tag_ids(tokenizer)[tag] for tag in TAGS]] - tag_start).abs().median().item()
+    return moved, sum(entry["tag_learning_rate"] for entry in step_logs(out))
+
+
+@pytest.mark.slow  # measured: about 30 s
+def test_the_one_gpu_command_in_bfloat16_learns_its_tags(real_model_dir, scratch):
+    """The recipe's one-GPU form (`--bf16 true --dtype bfloat16`: bfloat16 weights, no float32 master) on the CPU:
+    the tag rows move by about the sum of their rates, as in float32. A step of the run's rate (1e-5 here) is under
+    half a bfloat16 step of the rows' values, so before the rows kept a float32 copy they did not move at all."""
+    out = scratch("real-sft-bf16") / "out"
+    command = sft_command(real_model_dir, out, "--save_strategy", "no", "--bf16", "true", "--dtype", "bfloat16")
+    with Launch(command, out.parent / "bf16.log") as launch:
+        succeeded(launch)
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+    moved, rates = tag_rows_moved(out, real_model_dir)
+    assert 0.3 * rates < moved < 1.5 * rates
 
 
 # --------------------------------------------------------------------------- the model made to write tags
