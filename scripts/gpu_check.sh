@@ -4,7 +4,8 @@
 #   1. install: from the wheels in wheels/ when there are any (a GPU node with no package index; fill it on a
 #      machine with one, see docs/gpu-check.md), else from the index; the project itself runs from this folder;
 #   2. the tests marked gpu (tests/test_gpu.py): the engine against the training forward in fp32 and bf16, the
-#      isolated and tree forwards on CUDA against the CPU, one bf16 SFT and GRPO step of the tiny recipes;
+#      isolated and tree forwards on CUDA against the CPU, one bf16 SFT and GRPO step of the tiny recipes, the tag
+#      rows' float32 copy under fused AdamW, and colocated vLLM in its real sleep mode where the node has vLLM;
 #   3. the rollout benchmark on CUDA (13M and Qwen3-4B shapes), and the training-forward memory benchmark at 4096
 #      tokens on a randomly initialised model of the Qwen3-4B shape in bf16.
 # Results: benchmarks/results/gpu-tests.txt, gpu-rollout.md, gpu-rollout-4b.md, gpu-structures.md

