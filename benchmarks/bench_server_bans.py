@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
@@ -57,10 +56,9 @@ from parallel_r1.rollout.backend import Sampling, Segment
 from parallel_r1.rollout.vllm_backend import VLLMBackend, VLLMStream
 from parallel_r1.testing.smollm2 import build
 from parallel_r1.testing.tiny import save_tiny
+from parallel_r1.testing.vllm_server import vllm_server
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from servers import free_port, healthy  # noqa: E402  (the test suite's server helpers)
 
 PHASES = ("main", "path", "summary")  # where a rollout samples with bans (a width decision allows two ids instead)
 LENGTHS = (1, 32)
@@ -71,34 +69,6 @@ QWEN3_VOCAB = 151_936  # Qwen3's config vocab_size
 # them: its first six free ids (an assumption; where they sit changes the body by a few bytes at most)
 QWEN3_EOS = {151643: "<|endoftext|>"}
 QWEN3_TAG_IDS = range(151669, 151675)
-
-
-@contextmanager
-def vllm_server(model_dir: Path, log: Path, timeout: float = 300):
-    """tests/servers.py's `vllm_server`, its log written to `log` (a pipe left unread could fill and stall a server
-    that answers thousands of requests)."""
-    port = free_port()
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--seed", "0",
-        *SERVER_FLAGS,
-    ]  # fmt: skip
-    with log.open("w") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.time() + timeout
-            while not healthy(url):
-                if process.poll() is not None:
-                    raise RuntimeError(f"vLLM server exited: {log.read_text()[-3000:]}")
-                if time.time() > deadline:
-                    raise TimeoutError(f"vLLM server did not become healthy in {timeout:.0f} s")
-                time.sleep(2)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
 
 
 def smollm2_with_tags(work: Path) -> Path:
@@ -237,7 +207,7 @@ def measure(key: str, name: str, model_dir: Path, args, work: Path) -> dict:
     problem = load_problems(DataArguments(dataset_name="gsm8k"), "test", template="plain", limit=PROBLEM + 1)[PROBLEM]
     prompt = prompt_ids(tokenizer, problem["prompt"])
     started = time.time()
-    with vllm_server(model_dir, work / f"{key}-server.log") as url:
+    with vllm_server(model_dir, *SERVER_FLAGS, log=work / f"{key}-server.log") as url:
         startup = time.time() - started
         client = VLLMClient(base_url=url)
         requests = Requests(client, model_dir, prompt)
@@ -343,7 +313,7 @@ def report(args, results: list, elapsed: float, loads: list) -> str:
         f"model and at the end: {', '.join(f'{load:.1f}' for load in loads)} (2 cores; other jobs ran beside it where "
         "it is well above 2).",
         "",
-        "Server: `python -m vllm.entrypoints.openai.api_server` (as `tests/servers.py`), fp32, `--enforce-eager`, "
+        "Server: `python -m vllm.entrypoints.openai.api_server` (`parallel_r1.testing.vllm_server`), fp32, `--enforce-eager`, "
         f"`--seed 0`, `{' '.join(SERVER_FLAGS)}`, VLLM_TARGET_DEVICE=cpu, VLLM_CPU_KVCACHE_SPACE=1, "
         f"{engine_process()}. "
         "Client: TRL's `VLLMClient.generate(prompts=[ids], n=1, ...)` (its /v1/completions), one request at a time. "

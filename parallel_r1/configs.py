@@ -253,6 +253,7 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig, TagRateArguments):
             "min_p": self.min_p not in (None, 0.0),
             "repetition_penalty": self.repetition_penalty != 1.0,
             "generation_kwargs": bool(self.generation_kwargs),
+            "vllm_structured_outputs_regex": self.vllm_structured_outputs_regex is not None,
         }
         for name, is_set in unreproducible.items():
             if is_set:

@@ -24,7 +24,13 @@ from dataclasses import asdict
 
 from .rewards.diversity import self_bleu
 from .rollout import EngineTokens, ForkJoinEngine, Rollout, Sampling, TransformersBackend, plain_rollouts
-from .rollout.arguments import ParallelArguments, SampledRolloutArguments, SamplingArguments, concurrent_paths
+from .rollout.arguments import (
+    ParallelArguments,
+    SampledRolloutArguments,
+    SamplingArguments,
+    concurrent_paths,
+    paths_at_once,
+)
 from .structure import IsolatedForward, TreeForward
 from .tags.grammar import GrammarForward
 from .tags.language import TagVocab, parse, stats
@@ -86,7 +92,7 @@ class ParallelPolicy:
         words = {}
         for token in self.grammar.controlled if self.grammar is not None else ():
             text = self.tokenizer.decode([token])
-            alone = self.tokenizer.encode(text, add_special_tokens=False)
+            alone = self.tokenizer.encode(text.lstrip(), add_special_tokens=False)  # as vLLM reads a bad word
             spaced = self.tokenizer.encode(" " + text.lstrip(), add_special_tokens=False)
             if alone != [token] or (len(spaced) == 1 and spaced != [token]):
                 raise ValueError(
@@ -97,22 +103,38 @@ class ParallelPolicy:
         return words
 
     @staticmethod
-    def backend(sampling: Sampling, *, model=None, llm=None, client=None, ban_words: dict[int, str] | None = None):
+    def backend(
+        sampling: Sampling,
+        *,
+        model=None,
+        llm=None,
+        client=None,
+        ban_words: dict[int, str] | None = None,
+        max_concurrent_requests: int = 64,
+    ):
         """The decoding backend over exactly one of: a transformers `model`, an offline `vllm.LLM` (`llm`, also
-        TRL's colocated engine) or TRL's `VLLMClient` of a server (`client`, with the policy's `ban_words`)."""
+        TRL's colocated engine) or TRL's `VLLMClient` of a server (`client`, with the policy's `ban_words`, at most
+        `max_concurrent_requests` requests in flight)."""
         if sum(source is not None for source in (model, llm, client)) != 1:
             raise ValueError("a backend needs exactly one of model, llm or client")
         if model is not None:
             return TransformersBackend(model, sampling)
         from .rollout.vllm_backend import VLLMBackend
 
-        return VLLMBackend(llm=llm, client=client, sampling=sampling, ban_words=ban_words)
+        return VLLMBackend(
+            llm=llm,
+            client=client,
+            sampling=sampling,
+            ban_words=ban_words,
+            max_concurrent_requests=max_concurrent_requests,
+        )
 
-    def open_backend(self, path: str, args, sampling: Sampling, model_args=None, device=None):
+    def open_backend(self, path: str, args, sampling: Sampling, model_args=None, device=None, batch_size: int = 64):
         """The backend `args.backend` names (`rollout.arguments.BackendArguments`) over the saved model at `path`:
         the model loaded here onto `device` (`load_for_sampling`), an offline vLLM of it (`load_llm`, seeded with
-        `sampling.seed`) or the server at `args.vllm_server_url`, which must serve it. `model_args` (TRL's
-        `ModelConfig`, optional): the revision, dtype and attention implementation to load."""
+        `sampling.seed`) or the server at `args.vllm_server_url`, which must serve it, with a request in flight for
+        every segment `batch_size` completions decode at once. `model_args` (TRL's `ModelConfig`, optional): the
+        revision, dtype and attention implementation to load."""
         revision = getattr(model_args, "model_revision", None)
         dtype = getattr(model_args, "dtype", None)
         if args.backend == "transformers":
@@ -124,7 +146,9 @@ class ParallelPolicy:
             return self.backend(sampling, llm=llm)
         from trl.generation.vllm_client import VLLMClient
 
-        return self.backend(sampling, client=VLLMClient(base_url=args.vllm_server_url), ban_words=self.ban_words())
+        client = VLLMClient(base_url=args.vllm_server_url)
+        requests = batch_size * paths_at_once(self.settings)
+        return self.backend(sampling, client=client, ban_words=self.ban_words(), max_concurrent_requests=requests)
 
     def engine(self, backend) -> ForkJoinEngine:
         """The fork-join engine of these settings on `backend`."""

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from servers import free_port, vllm_server
 
 from parallel_r1.cold_start import (
     ColdStartConfig,
@@ -35,6 +34,7 @@ from parallel_r1.data import DATA_DIR, build_prompt
 from parallel_r1.durable import read_lines
 from parallel_r1.tags.language import parse, stats, strip_tags
 from parallel_r1.testing.tiny import save_tiny_teacher, teacher_trace
+from parallel_r1.testing.vllm_server import free_port, vllm_server
 
 ROOT = Path(__file__).resolve().parents[1]
 # sha256 of json.dumps([extra_info.answer of each row]) of the official SFT parquet the 341 traces come from

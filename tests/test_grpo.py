@@ -210,6 +210,7 @@ def test_a_sequence_level_correction_of_long_vllm_completions_is_warned(tmp_path
         dict(min_p=0.05),
         dict(repetition_penalty=1.1),
         dict(generation_kwargs={"seed": 1}),
+        dict(vllm_structured_outputs_regex=r"\d+"),  # TRL applies it in its own generate only: silently ignored
     ],
 )
 def test_sampling_options_the_trainer_cannot_reproduce_are_refused(tmp_path, option):
@@ -476,3 +477,57 @@ def test_every_documented_importance_sampling_setting_is_counted_as_trl_applies_
     assert total == (4 if level == "sequence" else 8)
     # by hand: sampled tokens 4.0 1.0 0.1 1.0 0.5 2.0 1.0 1.0 (0.1 under 0.2, 4.0 over 3.0); completions 2.0 0.1 5.0 1.0
     assert changed == (clip_min is not None) + (clip_max is not None)
+
+
+def test_a_tensor_parallel_group_shares_back_what_each_process_sent_and_meets_first_with_peft(monkeypatch):
+    """The group's prompts as each process sent them (the processes may hold different numbers: an eval batch),
+    each given back its own share; with a PEFT model the group first meets at a barrier, as TRL does before vLLM's
+    collectives (trl #3671). The group's collectives are simulated here: process 1 of 2, process 0 sent three."""
+    from types import SimpleNamespace
+
+    from parallel_r1.trainers import colocated_vllm
+
+    shares, calls = [[[1], [2], [3]], [[4, 5]]], []
+    monkeypatch.setattr(
+        torch.distributed, "all_gather_object", lambda out, mine, group: out.__setitem__(slice(None), shares)
+    )
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group: 1)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda device_ids=None: calls.append("barrier"))
+    for peft in (False, True):
+        monkeypatch.setattr(colocated_vllm, "is_peft_model", lambda model, peft=peft: peft)
+        generation = SimpleNamespace(tensor_parallel_size=2, tp_group="group", enable_sleep_mode=False, model=None)
+        generation.accelerator = SimpleNamespace(local_process_index=1)
+        decoded = colocated_vllm.colocated_rollouts(generation, [[4, 5]], lambda prompts: [p + [0] for p in prompts])
+        assert decoded == [[4, 5, 0]]
+        assert calls == (["barrier"] if peft else [])
+
+
+def test_a_failure_of_the_main_process_in_server_mode_is_raised_on_every_process(monkeypatch):
+    """In server mode the main process decodes for all and broadcasts; a failure there (an HTTP error, a banned id
+    returned) is broadcast and raised on every process, which would otherwise wait for an answer until the process
+    group's timeout. The broadcast is simulated here."""
+    from types import SimpleNamespace
+
+    from parallel_r1.trainers import grpo
+
+    def failing(backend, prompts):
+        raise RuntimeError("server gone")
+
+    def trainer(main: bool):
+        return SimpleNamespace(
+            accelerator=SimpleNamespace(is_main_process=main, process_index=0 if main else 1),
+            policy=SimpleNamespace(rollouts=failing, ban_words=dict, backend=lambda *a, **k: None),
+            vllm_generation=SimpleNamespace(vllm_client=None), args=SimpleNamespace(min_paths=2, rollout_mode="fork"),
+            _sampler=lambda build: None, _sampling=lambda: None,
+        )  # fmt: skip
+
+    monkeypatch.setattr(grpo, "gather_object", lambda objects: [[[1]], [[2]]])
+    with pytest.raises(RuntimeError, match="server gone"):
+        ParallelGRPOTrainer._rollouts_on_main_process(trainer(main=True), [[1]])
+    monkeypatch.setattr(
+        grpo,
+        "broadcast_object_list",
+        lambda payload, from_process: payload.__setitem__(0, RuntimeError("server gone")),
+    )
+    with pytest.raises(RuntimeError, match="the main process's rollouts failed: RuntimeError\\('server gone'\\)"):
+        ParallelGRPOTrainer._rollouts_on_main_process(trainer(main=False), [[2]])

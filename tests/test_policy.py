@@ -205,10 +205,14 @@ def test_the_texts_a_server_bans_read_back_as_the_banned_ids_and_no_other(tiny_t
 def test_a_banned_id_that_a_server_returns_stops_the_rollout():
     """A server that ignored the bans (a vLLM without bad_words) would hand back tokens the training forward
     scores as impossible: the backend stops with an error rather than train on them."""
+    import requests
+
     from parallel_r1.rollout.backend import Segment
     from parallel_r1.rollout.vllm_backend import VLLMBackend
 
     class Ignoring:
+        session = requests.Session()
+
         def generate(self, prompts, n, generation_kwargs, max_tokens, **fixed):
             return {"completion_ids": [[7, 9]], "logprobs": [[[-1.0], [-1.0]]]}
 

@@ -205,7 +205,7 @@ def test_slurm_wait_for_the_server_times_out_with_a_message(tmp_path):
     (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\necho 127.0.0.1\n")
     for shim in bin_dir.iterdir():
         shim.chmod(0o755)
-    from servers import free_port
+    from parallel_r1.testing.vllm_server import free_port
 
     result = slurm(S2_RECIPE, PATH=f"{bin_dir}:{__import__('os').environ['PATH']}", SLURM_JOB_NODELIST="x",
                    VLLM_PORT=str(free_port()), VLLM_WAIT="2", VLLM_POLL="1")  # fmt: skip

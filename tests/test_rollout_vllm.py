@@ -3,11 +3,12 @@
 import pytest
 import torch
 from rollout_helpers import engine, prompts, trainer_logprobs
-from servers import vllm_server
 
 from parallel_r1.rollout import EngineTokens, ForkJoinEngine, RolloutArguments, Sampling
+from parallel_r1.rollout.arguments import SamplingArguments
 from parallel_r1.rollout.vllm_backend import VLLMBackend
 from parallel_r1.tags.language import parse
+from parallel_r1.testing.vllm_server import vllm_server
 
 pytestmark = pytest.mark.vllm
 
@@ -154,7 +155,7 @@ class _RecordingClient:
     """TRL's VLLMClient, recording the sampling parameters of every request it sends."""
 
     def __init__(self, client):
-        self.client, self.requests = client, []
+        self.client, self.requests, self.session = client, [], client.session
 
     def generate(self, **request):
         self.requests.append(request["generation_kwargs"])
@@ -245,7 +246,10 @@ class _GatedClient:
     def __init__(self, expected: int):
         import threading
 
+        import requests
+
         self.barrier = threading.Barrier(expected, timeout=20)
+        self.session = requests.Session()
 
     def generate(self, prompts, n, generation_kwargs, max_tokens, **fixed):
         self.barrier.wait()  # breaks (and the test fails) if the requests come one after another
@@ -264,6 +268,34 @@ def test_server_mode_sends_the_segments_of_a_batch_at_once():
     while len(done) < 4:
         done.update(backend.step())
     assert all(done[s].tokens == [7, 7, 7] and s.stream.ids == [1, 2, 7, 7, 7] for s in segments)
+
+
+def test_server_mode_keeps_a_request_in_flight_for_every_segment_it_was_sized_for():
+    """A generation's segments can outnumber TRL's 64 connections (2,048 completions of 2 paths a step in the
+    recipes): the backend sends as many at once as it is sized for, each on a connection of its client's pool
+    (before, 64 threads and 64 connections, whatever the batch)."""
+    from parallel_r1.rollout.backend import Segment
+
+    client = _GatedClient(100)
+    backend = VLLMBackend(client=client, sampling=Sampling(temperature=1.0), ban_words={}, max_concurrent_requests=100)
+    segments = [Segment(stream, max_new=2) for stream in backend.start([[1, 2]] * 100, seeds=list(range(100)))]
+    backend.submit(segments)
+    done = {}
+    while len(done) < 100:
+        done.update(backend.step())  # a barrier of 100: all of them were in flight together
+    assert client.session.get_adapter("http://").poolmanager.connection_pool_kw["maxsize"] == 100
+
+
+@pytest.mark.slow  # the server fixture's start (shared with the test above)
+def test_an_evaluation_on_a_server_sizes_its_requests_to_its_batch(tag_prone_dir, server):
+    from parallel_r1.policy import ParallelPolicy
+    from parallel_r1.rollout.arguments import BackendArguments
+
+    policy = ParallelPolicy.from_pretrained(str(tag_prone_dir), sampling=SamplingArguments(), min_paths=3, max_paths=3)
+    settings = BackendArguments(backend="server", vllm_server_url=server.base_url)
+    opened = policy.open_backend(str(tag_prone_dir), settings, policy.sampling(0), batch_size=40)
+    assert opened._threads._max_workers == 40 * 3  # a block's three paths for each of the batch's completions
+    assert opened.client.session.get_adapter("http://").poolmanager.connection_pool_kw["maxsize"] == 40 * 3
 
 
 def test_on_cpu_no_seeded_request_is_split_between_steps(tag_prone_dir, tag_prone, caplog):

@@ -227,3 +227,27 @@ def test_an_optimizer_created_again_gets_the_hooks_too(tmp_path, tag_prone_dir):
     moved = (embedding.detach() - start).abs()
     others = [i for i in range(moved.shape[0]) if i not in tags]
     torch.testing.assert_close(moved[tags], K * moved[others][: len(tags)], rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize(
+    "zero, bf16, refusal",
+    [
+        ({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, False, "offloaded to NVMe"),
+        ({"stage": 0}, True, "ZeRO stage 0 with bf16"),
+    ],
+    ids=["nvme", "stage0-bf16"],
+)
+def test_deepspeed_setups_whose_float32_copy_the_hooks_cannot_reach_are_refused(tmp_path, traces, zero, bf16, refusal):
+    """NVMe offload (reading a partition would swap it in beside the one being stepped) and stage 0 in mixed
+    precision (its optimizer steps float32 copies of the weights that no hook sees): refused at start."""
+    ds_config = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": bf16}}
+    try:
+        with pytest.raises(ValueError, match=refusal):
+            args = ParallelSFTConfig(
+                output_dir=str(tmp_path), use_cpu=True, bf16=bf16, deepspeed=ds_config, tag_lr_multiplier=K
+            )
+            ParallelSFTTrainer(
+                build_model(build_tokenizer()), args, train_dataset=traces, processing_class=build_tokenizer()
+            )
+    finally:
+        unset_hf_deepspeed_config()

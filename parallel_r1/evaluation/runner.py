@@ -55,7 +55,9 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
         raise ValueError(f"backend={config.backend!r} runs in one process: launch it without accelerate")
     if state.is_main_process:
         _check_settings(folder, config, model_args)
-    backend = policy.open_backend(path, config, policy.sampling(config.seed), model_args, state.device)
+    backend = policy.open_backend(
+        path, config, policy.sampling(config.seed), model_args, state.device, config.batch_size
+    )
     state.wait_for_everyone()
     done = {rec.key(r) for r in rec.read_shards(folder)}
     state.wait_for_everyone()  # every process knows what is done before any writes: they split the same list

@@ -184,6 +184,12 @@ def concurrent_paths(settings) -> int | None:
     return settings.min_paths if settings.min_paths < settings.max_paths else None
 
 
+def paths_at_once(settings) -> int:
+    """The most segments one completion of `settings` decodes at once (requests a vLLM engine or server holds for
+    it): a block's first `min_paths` paths in fork mode (a path the model adds is decoded alone), one otherwise."""
+    return settings.min_paths if settings.rollout_mode == "fork" else 1
+
+
 def check_set_fields(args) -> None:
     """Every range and combination rule of the settings above, on the fields that are set (not None)."""
     value = {f.name: getattr(args, f.name, None) for f in fields(RolloutArguments)}

@@ -79,6 +79,16 @@ def keep_cpu_linear_weights() -> bool:
     return True
 
 
+def _widen_connection_pool(client, size: int) -> None:
+    """TRL's `VLLMClient` keeps 64 connections to its server; with more requests in flight each of the others would
+    open a connection and drop it. Its session gets a pool of `size`, with the client's own retry rule."""
+    from requests.adapters import HTTPAdapter
+
+    adapter = HTTPAdapter(max_retries=client.session.get_adapter("http://").max_retries, pool_maxsize=size)
+    client.session.mount("http://", adapter)
+    client.session.mount("https://", adapter)
+
+
 @dataclass(eq=False)
 class VLLMStream:
     """A context as token ids, with the stream's random key and the tokens it has drawn (which seed its next
@@ -111,7 +121,8 @@ class VLLMBackend:
     Colocated, requests go into the engine TRL holds (`llm.llm_engine.add_request`) and `step` runs one engine step
     (`llm_engine.step()`): continuous batching keeps every running request in each step, and a request added
     between two steps joins the next. Server mode sends each request from a pool of `max_concurrent_requests`
-    threads, and `step` waits for the next answer. Server mode needs `ban_words`, the text of each id a segment may
+    threads (and connections: `_widen_connection_pool`), and `step` waits for the next answer; size it to the
+    segments a call decodes at once (completions x `arguments.paths_at_once`), or the others queue here. Server mode needs `ban_words`, the text of each id a segment may
     ban (`ParallelPolicy.ban_words`), to send bans as `bad_words`. Colocated, a segment that shares a `Room` is
     ended once the room is full; a server request is decoded whole (what the engine keeps is the same).
     """
@@ -136,7 +147,10 @@ class VLLMBackend:
         self._waiting: list = []  # colocated on CPU: requests held back until they fit a step (`_admit`)
         self._fresh: list[int] = []  # colocated: prompt lengths of the requests added since the last step
         self._requests = itertools.count()
-        self._threads = None if client is None else ThreadPoolExecutor(max_concurrent_requests)
+        self._threads = None
+        if client is not None:
+            self._threads = ThreadPoolExecutor(max_concurrent_requests)
+            _widen_connection_pool(client, max_concurrent_requests)
         self.steps = 0  # engine steps (colocate) or answers awaited (server), for benchmarks
 
     def start(self, prompts: list[list[int]], seeds: list[int] | None = None) -> list[VLLMStream]:

@@ -15,7 +15,8 @@ The engine steps `vllm_generation.llm.llm_engine` itself (requests in and out as
   same engine under `external_launcher`: each must add the same requests and step in lockstep. The group's prompts
   are gathered, every process of the group decodes all of them from the same random stream (the group's seed, as
   TRL seeds the group's engine), and each keeps its own share. The engine's choices depend only on what it
-  decoded, which is the same on every process of the group, so the processes stay in step.
+  decoded, which is the same on every process of the group, so the processes stay in step. With a PEFT model the
+  group first meets at a barrier, as in TRL (NCCL's cleanup of the adapters' small all-reduce can race vLLM's).
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from accelerate.utils import is_peft_model
 
-
-def paths_at_once(args) -> int:
-    """The most requests one completion of `args` keeps in the engine at once: a block's first `min_paths` paths in
-    fork mode (a path the model adds is decoded alone), one otherwise."""
-    return args.min_paths if args.rollout_mode == "fork" else 1
+from ..rollout.arguments import paths_at_once
 
 
 @contextmanager
@@ -60,17 +58,19 @@ def colocated_rollouts(generation, prompt_ids: list, decode) -> list:
     """`decode(prompts)` (the engine's rollouts on `generation.llm`) for this process's `prompt_ids`, with TRL's
     `VLLMGeneration` `generation` awake and its tensor-parallel group in step (module docstring)."""
     group = generation.tensor_parallel_size
-    everyone = prompt_ids
-    if group > 1:
-        shares = [None] * group
-        torch.distributed.all_gather_object(shares, prompt_ids, group=generation.tp_group)
-        everyone = [prompt for share in shares for prompt in share]
-    with _awake(generation):
-        rollouts = decode(everyone)
     if group == 1:
-        return rollouts
+        with _awake(generation):
+            return decode(prompt_ids)
+    shares = [None] * group
+    torch.distributed.all_gather_object(shares, prompt_ids, group=generation.tp_group)
+    if is_peft_model(generation.model):  # as TRL: let NCCL drain the adapters' all-reduce before vLLM's (trl #3671)
+        devices = [generation.accelerator.local_process_index] if torch.cuda.is_available() else None
+        torch.distributed.barrier(device_ids=devices)
+    with _awake(generation):
+        rollouts = decode([prompt for share in shares for prompt in share])
     rank = torch.distributed.get_rank(group=generation.tp_group)
-    return rollouts[rank * len(prompt_ids) : (rank + 1) * len(prompt_ids)]
+    start = sum(len(share) for share in shares[:rank])
+    return rollouts[start : start + len(prompt_ids)]
 
 
 @contextmanager

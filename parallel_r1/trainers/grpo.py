@@ -39,6 +39,7 @@ from ..configs import ParallelGRPOConfig
 from ..evaluation.callback import InTrainingEvaluation
 from ..policy import ParallelPolicy, shape_metrics
 from ..rollout import Sampling
+from ..rollout.arguments import paths_at_once
 from ..rollout.vllm_backend import keep_cpu_linear_weights
 from ..structure import check_attention_implementation
 from .card import ModelCardMixin
@@ -157,9 +158,12 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         """The policy's sampling with one random stream per process, since TRL spreads the copies of a prompt over
         the processes and equal streams would draw equal completions; one per tensor-parallel group of a colocated
         vLLM (its processes decode the same completions: `colocated_vllm`)."""
+        return self.policy.sampling(group_seed(self.args.seed, self.accelerator.process_index, self._stream_group()))
+
+    def _stream_group(self) -> int:
+        """How many consecutive processes share one random stream: a colocated vLLM's tensor-parallel group."""
         colocated = self.use_vllm and self.vllm_generation.mode == "colocate"
-        group = self.args.vllm_tensor_parallel_size if colocated else 1
-        return self.policy.sampling(group_seed(self.args.seed, self.accelerator.process_index, group))
+        return self.args.vllm_tensor_parallel_size if colocated else 1
 
     def _sampler(self, build):
         """This process's backend (built by `build` the first time), kept across generations so that the
@@ -205,18 +209,31 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
             yield model
 
     def _rollouts_on_main_process(self, prompt_ids: list) -> list:
-        """Server mode: the main process drives the engine for every process, as TRL does for plain vLLM."""
-        everyone = gather_object(prompt_ids)
+        """Server mode: the main process drives the engine for every process, as TRL does for plain vLLM, with a
+        request in flight for every segment the generation can decode at once. A failure there is raised on every
+        process (the others would wait for its answer until the process group's timeout)."""
+        shares = gather_object([prompt_ids])
+        everyone = [prompt for share in shares for prompt in share]
         payload = [None]
         if self.accelerator.is_main_process:
             backend = self._sampler(
                 lambda: self.policy.backend(
-                    self._sampling(), client=self.vllm_generation.vllm_client, ban_words=self.policy.ban_words()
+                    self._sampling(),
+                    client=self.vllm_generation.vllm_client,
+                    ban_words=self.policy.ban_words(),
+                    max_concurrent_requests=len(everyone) * paths_at_once(self.args),
                 )
             )
-            payload = [self.policy.rollouts(backend, everyone)]
+            try:
+                payload = [self.policy.rollouts(backend, everyone)]
+            except Exception as error:  # noqa: BLE001 - raised below, on every process
+                payload = [error]
         broadcast_object_list(payload, from_process=0)
-        start = self.accelerator.process_index * len(prompt_ids)
+        if isinstance(payload[0], Exception):
+            if self.accelerator.is_main_process:
+                raise payload[0]
+            raise RuntimeError(f"the main process's rollouts failed: {payload[0]!r}")
+        start = sum(len(share) for share in shares[: self.accelerator.process_index])
         return payload[0][start : start + len(prompt_ids)]
 
     # ------------------------------------------------------------------ checkpoints
@@ -245,7 +262,9 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         self._warn_if_mid_generation()
         if self.use_vllm and self.vllm_generation.mode == "server" and not self.accelerator.is_main_process:
             return  # in server mode the main process samples for all (`_rollouts_on_main_process`)
-        path = os.path.join(checkpoint, ENGINE_RNG_FILE.format(self.args.process_index))
+        process = self.args.process_index
+        process -= process % self._stream_group()  # a tensor-parallel group resumes its first process's stream
+        path = os.path.join(checkpoint, ENGINE_RNG_FILE.format(process))
         if not os.path.isfile(path):
             logger.warning("%s is missing (an older checkpoint): the engine samples from its seed again", path)
             return

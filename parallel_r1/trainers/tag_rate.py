@@ -253,12 +253,25 @@ class TagRateMixin:
 
 def _check_setup(trainer) -> None:
     """Refuse what the hooks cannot reach: an optimizer that DeepSpeed's config makes (the trainer's is never
-    created), and FSDP (its parameters are flat shards)."""
+    created), DeepSpeed's NVMe offload of the optimizer state and its stage 0 in mixed precision, and FSDP (its
+    parameters are flat shards)."""
     plugin = trainer.args.deepspeed_plugin
-    if plugin is not None and "optimizer" in (plugin.deepspeed_config or {}):
+    config = (plugin.deepspeed_config or {}) if plugin is not None else {}
+    if "optimizer" in config:
         raise ValueError(
             "tag_lr_multiplier works on the optimizer the trainer creates, but the DeepSpeed config makes its own: "
             "remove its 'optimizer' section (the trainer's optim, learning_rate and betas then apply)"
+        )
+    zero = config.get("zero_optimization", {})
+    if zero.get("offload_optimizer", {}).get("device") == "nvme":
+        raise ValueError(
+            "tag_lr_multiplier is not supported with DeepSpeed's optimizer state offloaded to NVMe (reading a "
+            "partition swaps it in beside the one being stepped): offload to cpu, or none"
+        )
+    if plugin is not None and zero.get("stage", 0) == 0 and (trainer.args.bf16 or trainer.args.fp16):
+        raise ValueError(
+            "tag_lr_multiplier is not supported under DeepSpeed ZeRO stage 0 with bf16 or fp16 (its optimizer steps "
+            "float32 copies the hooks do not see): use ZeRO stage 1, 2 or 3"
         )
     if trainer.is_fsdp_enabled:
         raise ValueError("tag_lr_multiplier is not supported under FSDP (use DeepSpeed ZeRO-3 or DDP)")
