@@ -146,8 +146,10 @@ class ParallelPolicy:
             return self.backend(sampling, llm=llm)
         from trl.generation.vllm_client import VLLMClient
 
+        from .rollout.vllm_backend import MAX_REQUESTS_IN_FLIGHT
+
         client = VLLMClient(base_url=args.vllm_server_url)
-        requests = batch_size * paths_at_once(self.settings)
+        requests = min(batch_size * paths_at_once(self.settings), MAX_REQUESTS_IN_FLIGHT)
         return self.backend(sampling, client=client, ban_words=self.ban_words(), max_concurrent_requests=requests)
 
     def engine(self, backend) -> ForkJoinEngine:

@@ -497,9 +497,14 @@ def test_a_tensor_parallel_group_shares_back_what_each_process_sent_and_meets_fi
         monkeypatch.setattr(colocated_vllm, "is_peft_model", lambda model, peft=peft: peft)
         generation = SimpleNamespace(tensor_parallel_size=2, tp_group="group", enable_sleep_mode=False, model=None)
         generation.accelerator = SimpleNamespace(local_process_index=1)
-        decoded = colocated_vllm.colocated_rollouts(generation, [[4, 5]], lambda prompts: [p + [0] for p in prompts])
-        assert decoded == [[4, 5, 0]]
-        assert calls == (["barrier"] if peft else [])
+
+        def decode(prompts):
+            calls.append("decode")
+            return [p + [0] for p in prompts]
+
+        calls.clear()
+        assert colocated_vllm.colocated_rollouts(generation, [[4, 5]], decode) == [[4, 5, 0]]
+        assert calls == (["barrier", "decode"] if peft else ["decode"])  # the barrier last before decoding
 
 
 def test_a_failure_of_the_main_process_in_server_mode_is_raised_on_every_process(monkeypatch):
@@ -517,13 +522,17 @@ def test_a_failure_of_the_main_process_in_server_mode_is_raised_on_every_process
         return SimpleNamespace(
             accelerator=SimpleNamespace(is_main_process=main, process_index=0 if main else 1),
             policy=SimpleNamespace(rollouts=failing, ban_words=dict, backend=lambda *a, **k: None),
-            vllm_generation=SimpleNamespace(vllm_client=None), args=SimpleNamespace(min_paths=2, rollout_mode="fork"),
+            vllm_generation=SimpleNamespace(vllm_client=None),
+            args=SimpleNamespace(min_paths=2, rollout_mode="fork", generation_batch_size=8),
             _sampler=lambda build: None, _sampling=lambda: None,
         )  # fmt: skip
 
     monkeypatch.setattr(grpo, "gather_object", lambda objects: [[[1]], [[2]]])
+    sent = []
+    monkeypatch.setattr(grpo, "broadcast_object_list", lambda payload, from_process: sent.append(payload[0]))
     with pytest.raises(RuntimeError, match="server gone"):
         ParallelGRPOTrainer._rollouts_on_main_process(trainer(main=True), [[1]])
+    assert len(sent) == 1 and isinstance(sent[0], RuntimeError)  # the failure went to the others first
     monkeypatch.setattr(
         grpo,
         "broadcast_object_list",
@@ -531,3 +540,47 @@ def test_a_failure_of_the_main_process_in_server_mode_is_raised_on_every_process
     )
     with pytest.raises(RuntimeError, match="the main process's rollouts failed: RuntimeError\\('server gone'\\)"):
         ParallelGRPOTrainer._rollouts_on_main_process(trainer(main=False), [[2]])
+
+
+def test_server_rollouts_are_sized_to_a_generation_and_shared_back_by_what_each_process_sent(monkeypatch):
+    """The main process decodes every process's prompts with a request in flight for each segment a generation can
+    decode at once (TRL's generation batch times min_paths, up to MAX_REQUESTS_IN_FLIGHT), and each process gets the
+    rollouts of the prompts it sent, however many (the gather and broadcast are simulated: process 1 of 2)."""
+    from types import SimpleNamespace
+
+    from parallel_r1.rollout.vllm_backend import MAX_REQUESTS_IN_FLIGHT
+    from parallel_r1.trainers import grpo
+
+    built = []
+    monkeypatch.setattr(grpo, "gather_object", lambda objects: [[[1], [2], [3]], [[4]]])
+    monkeypatch.setattr(grpo, "broadcast_object_list", lambda payload, from_process: None)
+    for batch, expected in ((8, 16), (4096, MAX_REQUESTS_IN_FLIGHT)):
+        trainer = SimpleNamespace(
+            accelerator=SimpleNamespace(is_main_process=True, process_index=1),
+            policy=SimpleNamespace(
+                rollouts=lambda backend, prompts: [p + [9] for p in prompts], ban_words=dict,
+                backend=lambda *a, **k: built.append(k["max_concurrent_requests"]),
+            ),
+            vllm_generation=SimpleNamespace(vllm_client=None),
+            args=SimpleNamespace(min_paths=2, rollout_mode="fork", generation_batch_size=batch),
+            _sampler=lambda build: build(), _sampling=lambda: None,
+        )  # fmt: skip
+        assert ParallelGRPOTrainer._rollouts_on_main_process(trainer, [[4]]) == [[4, 9]]
+        assert built[-1] == expected
+
+
+def test_the_colocated_engine_gets_a_seat_for_each_path_up_to_what_trl_lets_a_step_read(monkeypatch):
+    """room_for_paths scales the max_num_seqs TRL gives VLLMGeneration by min_paths, capped at TRL's 4,096 tokens a
+    step (vLLM refuses more seats than that), and puts TRL's VLLMGeneration back afterwards."""
+    from trl.trainer import grpo_trainer
+
+    from parallel_r1.rollout.arguments import RolloutArguments
+    from parallel_r1.trainers.colocated_vllm import room_for_paths
+
+    seats = []
+    monkeypatch.setattr(grpo_trainer, "VLLMGeneration", lambda *a, max_num_seqs=None, **k: seats.append(max_num_seqs))
+    trls = grpo_trainer.VLLMGeneration
+    with room_for_paths(RolloutArguments(min_paths=3, max_paths=3)):
+        for trl_size in (8, 2048, None):
+            grpo_trainer.VLLMGeneration(max_num_seqs=trl_size)
+    assert seats == [24, 4096, None] and grpo_trainer.VLLMGeneration is trls

@@ -234,12 +234,15 @@ def test_an_optimizer_created_again_gets_the_hooks_too(tmp_path, tag_prone_dir):
     [
         ({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, False, "offloaded to NVMe"),
         ({"stage": 0}, True, "ZeRO stage 0 with bf16"),
+        ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, False, "replaces the trainer's optimizer"),
+        ({"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": True}}, False, "super_offload"),
     ],
-    ids=["nvme", "stage0-bf16"],
+    ids=["nvme", "stage0-bf16", "cpu-offload", "super-offload"],
 )
 def test_deepspeed_setups_whose_float32_copy_the_hooks_cannot_reach_are_refused(tmp_path, traces, zero, bf16, refusal):
-    """NVMe offload (reading a partition would swap it in beside the one being stepped) and stage 0 in mixed
-    precision (its optimizer steps float32 copies of the weights that no hook sees): refused at start."""
+    """NVMe offload (reading a partition would swap it in beside the one being stepped), stage 0 in mixed precision
+    (its optimizer steps float32 copies of the weights that no hook sees), CPU offload with DeepSpeed's CPU Adam
+    (accelerate puts it in place of the trainer's optimizer) and super_offload: refused at start."""
     ds_config = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": bf16}}
     try:
         with pytest.raises(ValueError, match=refusal):
@@ -251,3 +254,16 @@ def test_deepspeed_setups_whose_float32_copy_the_hooks_cannot_reach_are_refused(
             )
     finally:
         unset_hf_deepspeed_config()
+
+
+def test_a_step_the_hooks_did_not_see_stops_the_run(tmp_path, tag_prone_dir):
+    """An optimizer that replaced the trainer's (as accelerate does with DeepSpeed's CPU Adam) would train the tag
+    rows at the run's rate while the log says K times it: the first optimizer step the hooks did not see stops the
+    run, naming the optimizer they are on."""
+    trainer = tiny_grpo_trainer(tag_prone_dir, tiny_grpo_config(tmp_path, max_steps=1, tag_lr_multiplier=K))
+    hooked = trainer.create_optimizer()
+    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)  # another, without the hooks
+    trainer.create_optimizer = lambda model=None: trainer.optimizer
+    assert trainer.tag_rate.optimizer is hooked
+    with pytest.raises(RuntimeError, match="an optimizer step ran without the tag rows' hooks"):
+        trainer.train()

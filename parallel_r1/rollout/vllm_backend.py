@@ -35,7 +35,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+import queue
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +54,10 @@ from .backend import (
 )
 
 logger = logging.getLogger(__name__)
+
+# A server decodes at most its max_num_seqs at once (256 to 1,024 an engine on a GPU); more requests only wait in its
+# queue, each holding a thread and a socket here (a soft limit of 1,024 open files is common)
+MAX_REQUESTS_IN_FLIGHT = 512
 
 
 def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
@@ -122,7 +127,8 @@ class VLLMBackend:
     (`llm_engine.step()`): continuous batching keeps every running request in each step, and a request added
     between two steps joins the next. Server mode sends each request from a pool of `max_concurrent_requests`
     threads (and connections: `_widen_connection_pool`), and `step` waits for the next answer; size it to the
-    segments a call decodes at once (completions x `arguments.paths_at_once`), or the others queue here. Server mode needs `ban_words`, the text of each id a segment may
+    segments a call decodes at once (completions x `arguments.paths_at_once`, up to `MAX_REQUESTS_IN_FLIGHT`), or
+    the others queue here. Server mode needs `ban_words`, the text of each id a segment may
     ban (`ParallelPolicy.ban_words`), to send bans as `bad_words`. Colocated, a segment that shares a `Room` is
     ended once the room is full; a server request is decoded whole (what the engine keeps is the same).
     """
@@ -144,6 +150,7 @@ class VLLMBackend:
         if self.sampling.seed is not None:
             self.generator.manual_seed(self.sampling.seed)
         self._pending: dict = {}  # request id (colocate) or future (server) -> segment
+        self._answered: queue.SimpleQueue = queue.SimpleQueue()  # server: futures as they finish
         self._waiting: list = []  # colocated on CPU: requests held back until they fit a step (`_admit`)
         self._fresh: list[int] = []  # colocated: prompt lengths of the requests added since the last step
         self._requests = itertools.count()
@@ -194,7 +201,9 @@ class VLLMBackend:
             if self.llm is not None:
                 self._waiting.append(segment)
             else:
-                self._pending[self._threads.submit(self._ask_server, segment)] = segment
+                future = self._threads.submit(self._ask_server, segment)
+                self._pending[future] = segment
+                future.add_done_callback(self._answered.put)
         if self.llm is not None:
             self._admit()
 
@@ -256,9 +265,13 @@ class VLLMBackend:
             if cut:
                 self.llm.llm_engine.abort_request(cut)
             self._admit()
-        else:
-            done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
-            answers = [(self._pending.pop(future), *future.result()) for future in done]
+        else:  # the next answer, and those that came with it (released ones are no longer waited for)
+            answers, finished = [], [self._answered.get()]
+            while not self._answered.empty():
+                finished.append(self._answered.get())
+            for future in finished:
+                if future in self._pending:
+                    answers.append((self._pending.pop(future), *future.result()))
         return [(segment, self._finish(segment, tokens, logprobs)) for segment, tokens, logprobs in answers]
 
     def _finish(self, segment: Segment, tokens: list[int], logprobs: list[float]) -> Decoded:

@@ -28,17 +28,20 @@ from accelerate.utils import is_peft_model
 
 from ..rollout.arguments import paths_at_once
 
+TRL_STEP_TOKENS = 4096  # TRL's max_num_batched_tokens for its colocated engine: vLLM refuses more seats than that
+
 
 @contextmanager
 def room_for_paths(args):
     """While TRL's GRPOTrainer is built: its colocated vLLM engine gets `paths_at_once(args)` times the
-    `max_num_seqs` TRL gives it (its module's `VLLMGeneration`, called with the keyword `max_num_seqs`)."""
+    `max_num_seqs` TRL gives it (its module's `VLLMGeneration`, called with the keyword `max_num_seqs`), up to the
+    tokens TRL lets one engine step read (`TRL_STEP_TOKENS`)."""
     from trl.trainer import grpo_trainer
 
     original, factor = grpo_trainer.VLLMGeneration, paths_at_once(args)
 
     def build(*positional, max_num_seqs=None, **keywords):
-        seats = None if max_num_seqs is None else max_num_seqs * factor
+        seats = None if max_num_seqs is None else min(max_num_seqs * factor, max(max_num_seqs, TRL_STEP_TOKENS))
         return original(*positional, max_num_seqs=seats, **keywords)
 
     grpo_trainer.VLLMGeneration = build
@@ -63,10 +66,7 @@ def colocated_rollouts(generation, prompt_ids: list, decode) -> list:
             return decode(prompt_ids)
     shares = [None] * group
     torch.distributed.all_gather_object(shares, prompt_ids, group=generation.tp_group)
-    if is_peft_model(generation.model):  # as TRL: let NCCL drain the adapters' all-reduce before vLLM's (trl #3671)
-        devices = [generation.accelerator.local_process_index] if torch.cuda.is_available() else None
-        torch.distributed.barrier(device_ids=devices)
-    with _awake(generation):
+    with _awake(generation, barrier=is_peft_model(generation.model)):
         rollouts = decode([prompt for share in shares for prompt in share])
     rank = torch.distributed.get_rank(group=generation.tp_group)
     start = sum(len(share) for share in shares[:rank])
@@ -74,17 +74,22 @@ def colocated_rollouts(generation, prompt_ids: list, decode) -> list:
 
 
 @contextmanager
-def _awake(generation):
+def _awake(generation, barrier: bool = False):
     """The colocated engine with its weights (synced) and KV cache awake, put back to sleep at level 2 after, as
-    TRL's `generate` leaves it; nothing to do without sleep mode."""
-    if not generation.enable_sleep_mode:
-        yield
-        return
-    if generation._llm_weights_sleeping:  # discarded since TRL's last sync: push the training weights again
+    TRL's `generate` leaves it (nothing to do without sleep mode); with `barrier`, every process meets last, just
+    before decoding, as in TRL (its PEFT and tensor-parallel case: NCCL's cleanup of the adapters' small all-reduce,
+    and of a sync's gathers, can race vLLM's collectives, trl #3671)."""
+    asleep = generation.enable_sleep_mode
+    if asleep and generation._llm_weights_sleeping:  # discarded since TRL's last sync: push the weights again
         generation.sync_weights()
-    generation.llm.wake_up(tags=["kv_cache"])
+    if asleep:
+        generation.llm.wake_up(tags=["kv_cache"])
+    if barrier:
+        devices = [generation.accelerator.local_process_index] if torch.cuda.is_available() else None
+        torch.distributed.barrier(device_ids=devices)
     try:
         yield
     finally:
-        generation.llm.sleep(level=2)
-        generation._llm_weights_sleeping = True
+        if asleep:
+            generation.llm.sleep(level=2)
+            generation._llm_weights_sleeping = True

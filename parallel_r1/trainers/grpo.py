@@ -40,7 +40,7 @@ from ..evaluation.callback import InTrainingEvaluation
 from ..policy import ParallelPolicy, shape_metrics
 from ..rollout import Sampling
 from ..rollout.arguments import paths_at_once
-from ..rollout.vllm_backend import keep_cpu_linear_weights
+from ..rollout.vllm_backend import MAX_REQUESTS_IN_FLIGHT, keep_cpu_linear_weights
 from ..structure import check_attention_implementation
 from .card import ModelCardMixin
 from .colocated_vllm import colocated_rollouts, group_seed, room_for_paths
@@ -210,21 +210,23 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
 
     def _rollouts_on_main_process(self, prompt_ids: list) -> list:
         """Server mode: the main process drives the engine for every process, as TRL does for plain vLLM, with a
-        request in flight for every segment the generation can decode at once. A failure there is raised on every
-        process (the others would wait for its answer until the process group's timeout)."""
+        request in flight for every segment a generation can decode at once (up to `MAX_REQUESTS_IN_FLIGHT`). A
+        failure there is raised on every process (the others would wait for its answer until the process group's
+        timeout)."""
         shares = gather_object([prompt_ids])
         everyone = [prompt for share in shares for prompt in share]
         payload = [None]
         if self.accelerator.is_main_process:
-            backend = self._sampler(
-                lambda: self.policy.backend(
-                    self._sampling(),
-                    client=self.vllm_generation.vllm_client,
-                    ban_words=self.policy.ban_words(),
-                    max_concurrent_requests=len(everyone) * paths_at_once(self.args),
-                )
-            )
             try:
+                segments = self.args.generation_batch_size * paths_at_once(self.args)
+                backend = self._sampler(
+                    lambda: self.policy.backend(
+                        self._sampling(),
+                        client=self.vllm_generation.vllm_client,
+                        ban_words=self.policy.ban_words(),
+                        max_concurrent_requests=min(segments, MAX_REQUESTS_IN_FLIGHT),
+                    )
+                )
                 payload = [self.policy.rollouts(backend, everyone)]
             except Exception as error:  # noqa: BLE001 - raised below, on every process
                 payload = [error]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 from peft.tuners.trainable_tokens import TrainableTokensLayer
+from transformers import TrainerCallback
 
 PROPORTIONAL = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)  # step = learning rate x f(gradients, state)
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -91,6 +92,7 @@ class TagRate:
                 )
         self.optimizer, self.rows, self.multiplier = optimizer, rows, multiplier
         self.holders = None  # built at the first step, once DeepSpeed (if any) has partitioned the parameters
+        self.calls = 0  # step calls the hooks saw (`HooksRan` checks that there were some)
         optimizer.register_step_pre_hook(self._before)
         optimizer.register_step_post_hook(self._after)
 
@@ -113,6 +115,7 @@ class TagRate:
 
     @torch.no_grad()
     def _before(self, optimizer, args, kwargs) -> None:
+        self.calls += 1
         for holder in self._stepped(optimizer):
             holder.before()
 
@@ -233,6 +236,7 @@ class TagRateMixin:
         super().__init__(*args, **kwargs)
         if self.args.tag_lr_multiplier != 1:
             _check_setup(self)
+            self.add_callback(HooksRan(self))
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
@@ -251,10 +255,29 @@ class TagRateMixin:
         super().log(logs, *args, **kwargs)
 
 
+class HooksRan(TrainerCallback):
+    """After an optimizer step, the hooks must have seen it: an optimizer that replaced the one the trainer created
+    (as accelerate does with DeepSpeed's CPU Adam) would train the tag rows at the run's rate while the logs say
+    otherwise. A step skipped for an fp16 overflow calls no optimizer, so fp16 runs are not checked."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        rate = getattr(self.trainer, "tag_rate", None)
+        if rate is not None and rate.calls == 0 and not args.fp16:
+            raise RuntimeError(
+                "tag_lr_multiplier: an optimizer step ran without the tag rows' hooks, so the optimizer that steps is "
+                f"not the one the trainer created ({type(rate.optimizer).__name__}); the tag rows would learn at "
+                "the run's rate"
+            )
+
+
 def _check_setup(trainer) -> None:
     """Refuse what the hooks cannot reach: an optimizer that DeepSpeed's config makes (the trainer's is never
-    created), DeepSpeed's NVMe offload of the optimizer state and its stage 0 in mixed precision, and FSDP (its
-    parameters are flat shards)."""
+    created) or that replaces the trainer's (CPU offload with DeepSpeed's CPU Adam, super_offload, zenflow),
+    DeepSpeed's NVMe offload of the optimizer state and its stage 0 in mixed precision, and FSDP (its parameters are
+    flat shards)."""
     plugin = trainer.args.deepspeed_plugin
     config = (plugin.deepspeed_config or {}) if plugin is not None else {}
     if "optimizer" in config:
@@ -263,10 +286,24 @@ def _check_setup(trainer) -> None:
             "remove its 'optimizer' section (the trainer's optim, learning_rate and betas then apply)"
         )
     zero = config.get("zero_optimization", {})
-    if zero.get("offload_optimizer", {}).get("device") == "nvme":
+    offload = zero.get("offload_optimizer", {})
+    if offload.get("device") == "nvme":
         raise ValueError(
             "tag_lr_multiplier is not supported with DeepSpeed's optimizer state offloaded to NVMe (reading a "
-            "partition swaps it in beside the one being stepped): offload to cpu, or none"
+            "partition swaps it in beside the one being stepped): offload to cpu (with zero_force_ds_cpu_optimizer "
+            "false), or none"
+        )
+    if offload.get("super_offload") or zero.get("zenflow"):
+        raise ValueError(
+            "tag_lr_multiplier is not supported with DeepSpeed's super_offload or zenflow (they step the optimizer "
+            "elsewhere than the trainer's)"
+        )
+    if offload.get("device") == "cpu" and config.get("zero_force_ds_cpu_optimizer", True) is not False:
+        raise ValueError(
+            "tag_lr_multiplier with DeepSpeed's optimizer offloaded to the CPU: accelerate then replaces the "
+            "trainer's optimizer with DeepSpeed's CPU Adam, which the hooks are not on; set "
+            "zero_force_ds_cpu_optimizer: false in the DeepSpeed config (the trainer's AdamW steps the offloaded "
+            "partitions), or offload none"
         )
     if plugin is not None and zero.get("stage", 0) == 0 and (trainer.args.bf16 or trainer.args.fp16):
         raise ValueError(
