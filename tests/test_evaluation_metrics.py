@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from parallel_r1.evaluation.metrics import (
     benchmark_metrics,
+    consensus_at_k,
+    latency_summary,
     majority_correct,
     paired_difference,
     pass_at_k,
@@ -47,6 +49,39 @@ def test_majority_vote():
     assert majority_correct(["4", "5"], [True, False])  # a tie goes to the answer given first
     assert not majority_correct(["5", "4"], [False, True])
     assert not majority_correct([None, None], [False, False])
+
+
+def voted(problem: int, answers: list, reference: str, critical: list) -> list:
+    """Records of one problem: its samples' answers (in sample order), judged against `reference`."""
+    return [
+        {"problem_index": problem, "sample": i, "answer": a, "correct": a == reference, "tokens_critical": c}
+        for i, (a, c) in enumerate(zip(answers, critical))
+    ]
+
+
+def test_cons_at_k_is_the_mean_vote_of_every_k_subset_and_times_the_longest_sample():
+    rows = voted(0, ["7", "8", "7", "9"], "7", [10, 20, 30, 40])  # subsets: 7 8 7, 7 8 9 (tie: first), 7 7 9, 8 7 9
+    three = consensus_at_k(rows, 3)
+    assert three["accuracy"] == pytest.approx(0.75) and three["per_problem"] == {0: 0.75}
+    assert three["latency_mean"] == pytest.approx((30 + 40 + 40 + 40) / 4) and three["latency_p90"] == 40
+    both = consensus_at_k(rows + voted(1, ["2", "2", "3", None], "3", [5, 5, 5, 5]), 3)
+    assert both["per_problem"] == {0: 0.75, 1: 0.0} and both["stderr"] == pytest.approx(standard_error([0.75, 0.0]))
+    with pytest.raises(ValueError, match="cons@k needs 1 <= k <= n"):
+        consensus_at_k(rows, 5)
+    assert latency_summary(list(range(1, 11))) == {"latency_mean": 5.5, "latency_p90": 9}  # nearest rank
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["1", "2", "3", None]), min_size=4, max_size=6), min_size=1, max_size=4))
+def test_cons_at_k_reads_as_mean_at_1_at_k_1_and_as_cons_at_n_at_k_n(problems):
+    n = min(len(answers) for answers in problems)
+    rows = [
+        record(i, j, a == "2", a, critical=1) for i, answers in enumerate(problems) for j, a in enumerate(answers[:n])
+    ]
+    metrics = benchmark_metrics(rows)
+    assert consensus_at_k(rows, 1)["accuracy"] == pytest.approx(metrics[f"mean@{n}"])
+    assert consensus_at_k(rows, n)["accuracy"] == pytest.approx(metrics[f"cons@{n}"])
+    assert consensus_at_k(rows, n)["latency_mean"] == 1
 
 
 def test_standard_error():

@@ -11,6 +11,11 @@ answer it gives, and its shape. For a benchmark of P problems with n samples eac
   spelling (so `1/2` and `\\frac12` are two different votes); the most frequent wins, a tie going to the answer
   given first; the problem counts as solved when that answer was judged correct. A problem without any answer
   is not solved.
+- cons@k from n >= k samples (`consensus_at_k`): the mean, over every k-subset of a problem's n samples (each kept
+  in sample order), of the subset's cons@k; the expected cons@k of k independent samples, with no resampling noise.
+- Latency of an answer (`critical_path`): the tokens decoded one after another to reach it. One completion counts
+  its critical path D (T for a plain one); k samples decoded concurrently and voted count the longest of their D.
+  Reported as the mean and the 90th percentile (nearest rank) over the answers.
 - Standard errors: the sample standard deviation over problems of the per-problem value, divided by sqrt(P)
   (0 for one problem).
 - The difference of two models on the same problems (`paired_difference`): the mean over problems of the
@@ -29,6 +34,7 @@ Accuracies and ratios are fractions (0..1); tables print them as percentages.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 
@@ -61,6 +67,50 @@ def majority_correct(answers: list, correct: list) -> bool:
     return bool(first[winner][1])
 
 
+def subset_votes(samples: list, k: int) -> tuple[list, list]:
+    """For the records of one problem (in sample order): every k-subset's cons@k (1.0 or 0.0) and its latency (the
+    longest `tokens_critical` in it), in `itertools.combinations` order."""
+    if not 1 <= k <= len(samples):
+        raise ValueError(f"cons@k needs 1 <= k <= n, got k={k} with n={len(samples)} samples")
+    answers, correct = [r["answer"] for r in samples], [bool(r["correct"]) for r in samples]
+    critical = [r["tokens_critical"] for r in samples]
+    votes, latency = [], []
+    for subset in itertools.combinations(range(len(samples)), k):
+        votes.append(float(majority_correct([answers[i] for i in subset], [correct[i] for i in subset])))
+        latency.append(max(critical[i] for i in subset))
+    return votes, latency
+
+
+def consensus_at_k(records: list, k: int) -> dict:
+    """cons@k of one benchmark's records, estimated exactly from all k-subsets of each problem's samples: the mean
+    and its standard error over problems, the per-problem values (problem_index -> value, to pair), and the latency
+    of the subsets' answers (mean and 90th percentile of the longest critical path in a subset)."""
+    per_problem, latency = {}, []
+    for index, samples in sorted(_by_problem(records).items()):
+        votes, longest = subset_votes(samples, k)
+        per_problem[index] = _mean(votes)
+        latency.extend(longest)
+    values = list(per_problem.values())
+    return {"accuracy": _mean(values), "stderr": standard_error(values), "per_problem": per_problem,
+            **latency_summary(latency)}  # fmt: skip
+
+
+def latency_summary(critical: list) -> dict:
+    """Mean and 90th percentile (nearest rank) of critical-path lengths."""
+    if not critical:
+        raise ValueError("no answers to time")
+    ordered = sorted(critical)
+    return {"latency_mean": _mean(ordered), "latency_p90": ordered[math.ceil(0.9 * len(ordered)) - 1]}
+
+
+def _by_problem(records: list) -> dict:
+    """problem_index -> its records in sample order."""
+    problems = defaultdict(list)
+    for record in records:
+        problems[record["problem_index"]].append(record)
+    return {index: sorted(samples, key=lambda r: r["sample"]) for index, samples in problems.items()}
+
+
 def standard_error(values: list) -> float:
     if len(values) < 2:
         return 0.0
@@ -85,7 +135,11 @@ def per_problem_accuracy(records: list) -> dict:
 def paired_difference(records: list, baseline: list) -> tuple[float, float]:
     """(mean accuracy of `records` minus that of `baseline`, its standard error), paired by problem: both must hold
     the same problems (of one benchmark or several, each problem weighing the same)."""
-    ours, theirs = per_problem_accuracy(records), per_problem_accuracy(baseline)
+    return difference(per_problem_accuracy(records), per_problem_accuracy(baseline))
+
+
+def difference(ours: dict, theirs: dict) -> tuple[float, float]:
+    """(mean of ours minus theirs, its standard error) over the problems of two per-problem value dicts."""
     if ours.keys() != theirs.keys():
         raise ValueError(
             f"a paired difference needs the same problems on both sides: {len(ours.keys() - theirs.keys())} "
@@ -99,14 +153,12 @@ def benchmark_metrics(records: list) -> dict:
     """Every number of one benchmark from its records (all problems must have the same number of samples)."""
     if not records:
         raise ValueError("no completions to score")
-    problems = defaultdict(list)
-    for record in records:
-        problems[record["problem_index"]].append(record)
+    problems = _by_problem(records)
     sizes = {len(samples) for samples in problems.values()}
     if len(sizes) != 1:
         raise ValueError(f"every problem needs the same number of samples, got {sorted(sizes)}")
     (n,) = sizes
-    ordered = [sorted(samples, key=lambda r: r["sample"]) for _, samples in sorted(problems.items())]
+    ordered = [samples for _, samples in sorted(problems.items())]
     correct = [[bool(r["correct"]) for r in samples] for samples in ordered]
     accuracy = [sum(c) / n for c in correct]
     out = {
