@@ -1,6 +1,15 @@
-"""Thin TRL trainer subclasses that wire the tag language and the isolated structure into training."""
+"""Thin TRL trainer subclasses that wire the tag language and the isolated structure into training.
 
-from .grpo import ParallelGRPOTrainer
-from .sft import ParallelSFTTrainer
+Each trainer is imported on first use: TRL's GRPOTrainer imports vLLM where it is installed (seconds of a launch),
+which an SFT run never needs."""
 
-__all__ = ["ParallelGRPOTrainer", "ParallelSFTTrainer"]
+import importlib
+
+_MODULES = {"ParallelGRPOTrainer": ".grpo", "ParallelSFTTrainer": ".sft"}
+__all__ = list(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULES[name], __name__), name)
