@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-paper demo-width bench real-model \
+.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-paper demo-width bench real-model \
     gpu-check clean
 
 $(STAMP): setup.py
@@ -64,6 +64,12 @@ demo-matched: install
 # outputs/demo-vote/results/ (votes.md: how often the summary states the majority). About 25 minutes.
 demo-vote: install
 	$(PY) scripts/demo.py --vote --matched --output_dir outputs/demo-vote
+
+# Parallel-R1 against the strongest plain recipe (a plain SFT as long, then plain GRPO 3x), that model's
+# self-consistency (cons@3, and cons@k at Parallel-R1's tokens) and the latency of each, all from one base; the
+# parallel cold start and SFT continue from the plain SFT: outputs/demo-strong/results/strong/arms.md.
+demo-strong: install
+	$(PY) scripts/demo.py --strong --output_dir outputs/demo-strong
 
 # Every row and experiment of the paper in miniature from one base (Seen and Unseen SFT and RL, S1, S2, the tiered
 # ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 30 minutes.

@@ -6,6 +6,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
     python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 35 min)
     python scripts/demo.py --vote --matched     # make demo-vote: the same with a summary trained to vote (about 25 min)
+    python scripts/demo.py --strong             # make demo-strong: against the strongest plain recipe and cons@k
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -24,6 +25,12 @@ model against each, paired by problem) and results/tokens.md (the tokens each RL
 `--vote` trains the summary to vote: a cold start where two answers in three are vote drills (`task.vote_teacher`), and
 an SFT four times as long whose summaries weigh ten times in the loss and whose split blocks train no path
 (`VOTE_SFT`); with `--matched`, the plain SFT gets as many steps.
+`--strong` runs the arms of `parallel_r1.testing.demo.strong` from one base: a plain SFT (STRONG_PLAIN_SFT steps),
+continued plainly for STRONG_PARALLEL_SFT steps and then plain GRPO 3x (arm a, whose samples also give the
+self-consistency rows, b), and from the same first stage a parallel cold start and SFT of STRONG_PARALLEL_SFT steps
+with --vote's rules, then Parallel-R1 (arm c): results/strong/arms.md, stages.md, votes.md and tokens.md.
+`--base_from DIR` takes the data and the base with its tags from another run's folder instead of making them (so that
+two jobs compare from one base: the 2-process pretraining is not reproducible across runs).
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
 `--width` runs stages 1-3, a cold start with blocks of 2 to 4 attempts, SFT with min_paths 2 and max_paths 4, and the
 three RL runs of `parallel_r1.testing.demo.width` (width/table.md, width/paths_per_block.png).
@@ -35,6 +42,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +51,7 @@ from pathlib import Path
 import yaml
 
 from parallel_r1.durable import read_lines
+from parallel_r1.testing.demo import strong
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
 from parallel_r1.testing.demo.task import token_table, vote_report
 from parallel_r1.testing.demo.width import WIDTH_RUNS, curve_table, plot_width, width_table
@@ -74,15 +83,20 @@ QUICK = {
     ],
     "eval": ["--max_problems", "6"],
 }
+QUICK_SAMPLES = 4  # the quick run's samples a held-out problem: enough for --strong's cons@3
 MATCHED_GROUPS = 3  # the matched baseline's completions a step, as a multiple of the recipe's
 MATCHED = "grpo-plain-matched"  # its label and folder
 PLAIN_SFT_MATCHED = "grpo-sft-plain-matched"  # the same from a plain SFT on the teacher's plain solutions
 MATCHED_MODELS = (MATCHED, "sft-plain", PLAIN_SFT_MATCHED)  # the models --matched adds, each evaluated plainly
+STRONG_PLAIN = "grpo-strong-plain"  # --strong's arm (a)
 # --vote: the cold start's teacher (two answers in three a vote drill, kept when the slipped majority wins) and SFT
 VOTE_COLD_START = ("--model_name_or_path", "parallel_r1.testing.demo.task:vote_teacher", "--num_samples", "3",
                    "--require_correct", "false")  # fmt: skip
 VOTE_SFT_STEPS = 2400  # four times sft.yaml's: the paths learn their arithmetic while the summary learns to count
 VOTE_SFT = ("--summary_loss_weight", "10", "--disagreeing_paths_in_loss", "false")
+# --strong: the plain SFT both arms start from, and the second SFT stage each arm adds (plain, or the parallel one)
+STRONG_PLAIN_SFT = VOTE_SFT_STEPS  # where make demo-vote's plain SFT is right 96-97% of the time
+STRONG_PARALLEL_SFT = 600
 
 
 class Demo:
@@ -96,9 +110,10 @@ class Demo:
         rl_steps: int | None = None,
         matched: bool = False,
         vote: bool = False,
+        base_from: Path | None = None,
     ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
-        self.vote = vote
+        self.vote, self.base_from = vote, base_from
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
@@ -152,6 +167,11 @@ class Demo:
         return ("--max_steps", str(VOTE_SFT_STEPS)) if self.vote else ()
 
     def prepare_base(self) -> None:
+        if self.base_from:
+            for part in ("data", "base-special"):
+                shutil.copytree(self.base_from / part, self.out / part, dirs_exist_ok=True)
+            print(f"data and base with its tags copied from {self.base_from}", flush=True)
+            return
         self.stage(
             "data and an untrained base",
             "data",
@@ -180,12 +200,13 @@ class Demo:
              "--output_dir", self.path(output), "--seed", str(self.seed), *extra, *self.extra("cold_start")],
         )  # fmt: skip
 
-    def sft(self, output: str, title: str, extra: tuple = (), traces: str = "cold-start") -> None:
+    def sft(self, output: str, title: str, extra: tuple = (), traces: str = "cold-start",
+            start: str = "base-special") -> None:  # fmt: skip
         self.stage(
             title,
             output,
             [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"),
-             "--model_name_or_path", self.path("base-special"),
+             "--model_name_or_path", self.path(start),
              "--dataset_name", self.path(traces, "train.parquet"), "--output_dir", self.path(output),
              "--seed", str(self.seed), *extra, *self.extra("sft")],
         )  # fmt: skip
@@ -247,7 +268,7 @@ class Demo:
 
     def evaluate(self, model: str, label: str, plain: bool = False, flags: tuple = ()) -> str:
         folder = self.path("eval", label)
-        k = 2 if self.quick else self.samples()
+        k = QUICK_SAMPLES if self.quick else self.samples()
         self.stage(
             f"evaluate {label} on the held-out problems",
             f"eval-{label}",
@@ -336,6 +357,41 @@ class Demo:
         self.summary(out / "table.md", ["sft-width", *(output for output, _, _ in WIDTH_RUNS.values())],
                      out / "timings.md", cold_start="cold-start-width")  # fmt: skip
 
+    def strong(self) -> None:
+        """The arms of `parallel_r1.testing.demo.strong` from one base, the SFT budget the same for both sides."""
+        self.prepare_base()
+        self.cold_start("cold-start-plain", "cold-start traces without blocks (the teacher's plain solutions)",
+                        ("--model_name_or_path", "parallel_r1.testing.demo.task:plain_teacher"))  # fmt: skip
+        plain = ("--attention", "causal")
+        self.sft("sft-plain", "plain SFT (where both arms start)",
+                 (*plain, "--max_steps", str(STRONG_PLAIN_SFT)), traces="cold-start-plain")  # fmt: skip
+        more = ("--max_steps", str(STRONG_PARALLEL_SFT))
+        self.sft("sft-plain-more", "arm (a): the plain SFT continued, as many steps as arm (c)'s parallel SFT",
+                 (*plain, *more), traces="cold-start-plain", start="sft-plain")  # fmt: skip
+        self.grpo(STRONG_PLAIN, title=f"arm (a): plain GRPO from it, {MATCHED_GROUPS}x the completions",
+                  start="sft-plain-more", recipe="grpo_plain.yaml", extra=self.matched_flags())  # fmt: skip
+        self.cold_start("cold-start", "arm (c): cold-start traces, two in three vote drills", VOTE_COLD_START)
+        self.sft("sft-parallel", "arm (c): parallel SFT from the plain SFT (--vote's rules)",
+                 (*more, *VOTE_SFT), start="sft-plain")  # fmt: skip
+        self.grpo("grpo", title="arm (c): Parallel-R1, fork-join rollouts", start="sft-parallel")
+        folders = {
+            "plain SFT": self.evaluate("sft-plain", "sft-plain", plain=True),
+            "plain SFT, continued": self.evaluate("sft-plain-more", "sft-plain-more", plain=True),
+            "(a) plain": self.evaluate(STRONG_PLAIN, STRONG_PLAIN, plain=True),
+            "parallel SFT": self.evaluate("sft-parallel", "sft-parallel"),
+            "(c) Parallel-R1": self.evaluate("grpo", "parallel-r1"),
+        }
+        results = self.out / "results" / "strong"
+        strong.write(folders["(a) plain"], folders["(c) Parallel-R1"], results)
+        (results / "stages.md").write_text(strong.stages_table(folders) + "\n")
+        votes = vote_report({label: folders[label] for label in ("parallel SFT", "(c) Parallel-R1")})
+        (results / "votes.md").write_text(votes + "\n")
+        runs = {STRONG_PLAIN: self.out / STRONG_PLAIN / "trainer_state.json"}
+        runs["parallel-r1"] = self.out / "grpo" / "trainer_state.json"
+        (results / "tokens.md").write_text(token_table(runs) + "\n")
+        self.summary(results / "arms.md", ["sft-plain", "sft-plain-more", STRONG_PLAIN, "sft-parallel", "grpo"],
+                     self.out / "timings.md")  # fmt: skip
+
     def steps(self) -> int:
         """GRPO's optimizer steps in this run: the quick run's, --rl_steps, or the recipe's."""
         if self.quick:
@@ -394,6 +450,18 @@ def main(argv=None) -> None:
         "(make demo-vote, with --matched)",
     )
     parser.add_argument(
+        "--strong",
+        action="store_true",
+        help="against the strongest plain recipe (a plain SFT as long, then plain GRPO 3x) and its self-consistency, "
+        "at a latency (make demo-strong)",
+    )
+    parser.add_argument(
+        "--base_from",
+        type=Path,
+        default=None,
+        help="take data/ and base-special/ from this earlier run's --output_dir instead of making them",
+    )
+    parser.add_argument(
         "--rl_steps",
         type=int,
         default=None,
@@ -404,12 +472,20 @@ def main(argv=None) -> None:
         parser.error(f"--rl_steps must be at least 2, got {args.rl_steps}")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote)
-    if args.paper + args.width + args.matched > 1:
-        parser.error("--paper, --width and --matched are three jobs: run one at a time")
-    if args.vote and (args.paper or args.width):
-        parser.error("--vote changes the parallel SFT of make demo and --matched; --paper and --width keep theirs")
-    demo.paper() if args.paper else demo.width() if args.width else demo.run()
+    if args.paper + args.width + args.matched + args.strong > 1:
+        parser.error("--paper, --width, --matched and --strong are four jobs: run one at a time")
+    if args.vote and (args.paper or args.width or args.strong):
+        parser.error(
+            "--vote changes the parallel SFT of make demo and --matched; --paper, --width and --strong keep theirs"
+        )
+    base_from = args.base_from.resolve() if args.base_from else None
+    if base_from and not all((base_from / part).is_dir() for part in ("data", "base-special")):
+        parser.error(
+            f"--base_from {args.base_from}: no data/ and base-special/ there (a demo's --output_dir has both)"
+        )
+    demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote,
+                base_from)  # fmt: skip
+    demo.paper() if args.paper else demo.width() if args.width else demo.strong() if args.strong else demo.run()
 
 
 if __name__ == "__main__":

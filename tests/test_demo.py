@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -260,23 +261,47 @@ def test_a_function_teacher_that_cannot_be_loaded_is_named(tmp_path, name, messa
         make_teacher(config)
 
 
-def run_quick_demo(out: Path, *flags: str, timeout: int) -> subprocess.CompletedProcess:
-    """`scripts/demo.py --quick` with `flags` into `out`; it must succeed (its output's tail is the message)."""
-    result = subprocess.run(
-        [sys.executable, "scripts/demo.py", *flags, "--quick", "--output_dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+QUICK_JOBS = {"matched": ("--matched",), "strong": ("--strong",), "paper": ("--paper",), "width": ("--width",)}
+
+
+@pytest.fixture(scope="module")
+def quick_demos(tmp_path_factory) -> dict:
+    """The four `scripts/demo.py --quick` jobs of the slow tests below, run once and side by side, one thread each (a
+    quick stage is mostly its imports, on one core): job -> (its --output_dir, its finished process)."""
+    root = tmp_path_factory.mktemp("demos")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    running = {}
+    for job, flags in QUICK_JOBS.items():
+        command = [sys.executable, "scripts/demo.py", *flags, "--quick", "--output_dir", str(root / job)]
+        with (root / f"{job}.out").open("w") as sink:
+            process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        running[job] = (command, process)
+    finished = {}
+    try:
+        for job, (command, process) in running.items():
+            code = process.wait(timeout=1500)
+            output = (root / f"{job}.out").read_text()
+            finished[job] = (root / job, subprocess.CompletedProcess(command, code, output))
+    finally:
+        for _, process in running.values():
+            process.kill()
+    return finished
+
+
+def quick_demo(quick_demos: dict, job: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """One quick job's folder and process; it must have succeeded (its output's tail is the message)."""
+    out, result = quick_demos[job]
+    assert result.returncode == 0, result.stdout[-6000:]
+    return out, result
 
 
 @pytest.mark.slow
-def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
+@pytest.mark.timeout(1800)  # the first of the four to ask waits for all of them
+def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(quick_demos):
     """`scripts/demo.py --matched --quick` (make demo's stages, and plain GRPO given 3x the completions a step, from
     the base and from a plain SFT): every stage writes its files, the tables hold every model, against plain GRPO
     and against each matched run; then the summary probe reads the SFT and RL models."""
-    out = tmp_path / "demo"
-    result = run_quick_demo(out, "--matched", timeout=900)
+    out, result = quick_demo(quick_demos, "matched")
     runs = ("grpo", "grpo-plain", "grpo-plain-matched", "grpo-sft-plain-matched")
     for model in ("base-init", "base", "base-special", "sft", "sft-plain", *runs):
         assert (out / model / "config.json").exists(), model
@@ -322,6 +347,94 @@ def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(tmp_path):
     for row in rows:
         shares = [float(cell) for cell in row[2:] if cell.strip() != "-"]
         assert all(0 <= share <= 100 for share in shares) and sum(shares) == pytest.approx(100, abs=0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_shortened_strong_demo_runs_every_arm_from_one_plain_sft(quick_demos):
+    """`scripts/demo.py --strong --quick`: both arms start from the plain SFT (arm c's parallel cold start and SFT
+    too), each stage writes its model, and the tables hold every arm."""
+    out, result = quick_demo(quick_demos, "strong")
+    for model in ("sft-plain", "sft-plain-more", "grpo-strong-plain", "sft-parallel", "grpo"):
+        assert (out / model / "config.json").exists(), model
+    started = {
+        log.stem: log.read_text().splitlines()[0].split("--model_name_or_path ")[1].split()[0]
+        for log in (out / "logs").glob("*.log")
+        if log.stem in ("sft-plain", "sft-plain-more", "sft-parallel", "grpo-strong-plain", "grpo")
+    }
+    assert started == {
+        "sft-plain": str(out / "base-special"), "sft-plain-more": str(out / "sft-plain"),
+        "sft-parallel": str(out / "sft-plain"), "grpo-strong-plain": str(out / "sft-plain-more"),
+        "grpo": str(out / "sft-parallel"),
+    }  # fmt: skip
+    results = out / "results" / "strong"
+    arms = [line.split("|")[1].strip() for line in (results / "arms.md").read_text().splitlines()[2:]]
+    assert arms[:2] == ["(a) plain", "(b) cons@3 of (a)"] and arms[-1] == "(c) Parallel-R1" and len(arms) in (3, 4)
+    stages = [line.split("|")[1].strip() for line in (results / "stages.md").read_text().splitlines()[2:]]
+    assert stages == ["plain SFT", "plain SFT, continued", "(a) plain", "parallel SFT", "(c) Parallel-R1"]
+    assert len((results / "votes.md").read_text().splitlines()) == 4
+    assert (out / "timings.md").read_text().count("\n| ") == 16  # fifteen stages and the total
+    assert "(b) cons@3 of (a)" in result.stdout and "Table:" in result.stdout
+
+
+def evaluation_folder(folder: Path, samples: dict, total: int, critical: int) -> Path:
+    """An evaluation folder whose completions.jsonl holds, per problem index, its samples' answers (reference "5")."""
+    folder.mkdir(parents=True)
+    rows = [
+        {"benchmark": "test.jsonl", "problem_index": problem, "sample": i, "answer": answer, "correct": answer == "5",
+         "tokens_total": total, "tokens_critical": critical, "completion": f"Final Answer: {answer}",
+         "reference": "5"}
+        for problem, answers in samples.items() for i, answer in enumerate(answers)
+    ]  # fmt: skip
+    (folder / "completions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def test_the_strong_arms_table_pairs_each_arm_with_the_plain_arm_and_its_vote_at_a_latency(tmp_path):
+    from parallel_r1.testing.demo.strong import arms_table, matching_samples, write
+
+    plain = evaluation_folder(tmp_path / "plain", {0: ["5", "4", "5", "5"], 1: ["4", "4", "5", "3"]}, 20, 20)
+    parallel = evaluation_folder(tmp_path / "parallel", {0: ["5"] * 4, 1: ["5", "4", "5", "4"]}, 80, 30)
+    assert matching_samples(80, 20) == 4 and matching_samples(5, 20) == 1
+    rows = write(plain, parallel, tmp_path / "out")
+    assert list(rows) == ["(a) plain", "(b) cons@3 of (a)", "(b) cons@4 of (a)", "(c) Parallel-R1"]
+    # (a): 3/4 and 1/4 right; cons@3: problem 0's four subsets all vote 5, problem 1's vote 4, 4, 4 and 4 (5 4 3: a
+    # tie, the first): 1 and 0; cons@4: 5 and 4; (c): 1 and 1/2
+    assert [rows[label]["accuracy"] for label in rows] == [0.5, 0.5, 0.5, 0.75]
+    assert rows["(b) cons@3 of (a)"]["latency_mean"] == 20 and rows["(b) cons@4 of (a)"]["tokens"] == 80
+    table = arms_table(rows).splitlines()
+    assert table[2] == "| (a) plain | 50.0 ± 25.0 | - | +0.0 ± 25.0 (+0.0 SE) | 20.0 | 20 | 20.0 |"
+    assert table[5] == "| (c) Parallel-R1 | 75.0 ± 25.0 | +25.0 ± 0.0 | +25.0 ± 25.0 (+1.0 SE) | 30.0 | 30 | 80.0 |"
+    assert (tmp_path / "out" / "arms.md").read_text() == "\n".join(table) + "\n"
+    assert set(json.loads((tmp_path / "out" / "arms.json").read_text())["(b) cons@4 of (a)"]) == {
+        "accuracy", "stderr", "latency_mean", "latency_p90", "tokens", "samples", "minus_plain", "minus_cons3"}  # fmt: skip
+    near = evaluation_folder(tmp_path / "near", {0: ["5"] * 4, 1: ["5"] * 4}, 60, 30)
+    assert list(write(plain, near, tmp_path / "out3")) == ["(a) plain", "(b) cons@3 of (a)", "(c) Parallel-R1"]
+
+
+def test_the_seeds_table_has_a_row_per_run_with_every_arm_and_parallel_r1s_gaps(tmp_path):
+    from parallel_r1.testing.demo.strong import seeds_table, table_rows, write
+
+    plain = evaluation_folder(tmp_path / "plain", {0: ["5", "4", "5", "5"], 1: ["4", "4", "5", "3"]}, 20, 20)
+    runs = {}
+    for seed, tokens in ((0, 80), (1, 60)):  # cons@4 matches the first run's tokens, cons@3 the second's
+        parallel = evaluation_folder(
+            tmp_path / f"parallel-{seed}", {0: ["5"] * 4, 1: ["5", "4", "5", "4"]}, tokens, 30
+        )
+        results = tmp_path / f"run-{seed}" / "results" / "strong"
+        write(plain, parallel, results)
+        (results / "votes.md").write_text(vote_report({"parallel SFT": plain, "(c) Parallel-R1": parallel}) + "\n")
+        runs[str(seed)] = tmp_path / f"run-{seed}"
+    table = seeds_table(runs).splitlines()
+    assert len(table) == 4 and table[0].startswith("| Run | (a) plain % | cons@3 of (a) % | cons@k of (a) % |")
+    (tmp_path / "table.md").write_text(seeds_table(runs))
+    rows = table_rows(tmp_path / "table.md")
+    assert rows["0"]["cons@k of (a) %"] == "50.0 ± 50.0 (k=4)" and rows["1"]["cons@k of (a) %"] == "50.0 ± 50.0 (k=3)"
+    assert rows["0"]["Parallel-R1 minus (a) (points)"] == "+25.0 ± 0.0"
+    assert (
+        rows["0"]["Critical path mean (p90), tokens: (a) / cons@3 / cons@k / Parallel-R1"]
+        == "20 (20) / 20 (20) / 20 (20) / 30 (30)"
+    )
 
 
 def results_of(mean: float, parallel: float, stderr: float = 0.01) -> dict:
@@ -388,11 +501,11 @@ def test_the_paper_table_marks_each_finding_by_its_direction():
 
 
 @pytest.mark.slow
-def test_a_shortened_demo_paper_writes_every_row_the_table_and_the_drift(tmp_path):
+@pytest.mark.timeout(1800)
+def test_a_shortened_demo_paper_writes_every_row_the_table_and_the_drift(quick_demos):
     """`scripts/demo.py --paper --quick`: every stage runs and writes its files, and the paper table parses (a row
     per run, five findings, each marked). Files, not findings: a quick run is a smoke test, not a result."""
-    out = tmp_path / "paper"
-    run_quick_demo(out, "--paper", timeout=1200)
+    out, _ = quick_demo(quick_demos, "paper")
     for model, _, _ in PAPER_ROWS.values():
         assert (out / model / "config.json").exists(), model
     table = (out / "paper" / "paper_table.md").read_text().splitlines()
@@ -451,15 +564,15 @@ def test_the_width_table_shows_each_run_at_its_start_and_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(tmp_path):
+@pytest.mark.timeout(1800)
+def test_a_shortened_width_demo_trains_the_choice_and_writes_its_table(quick_demos):
     """`scripts/demo.py --width --quick`: the varied cold start, SFT with min_paths 2 and max_paths 4, the three RL
     runs; the table has a row per run, the model records its widths. A run's width cell holds numbers within the
     widths when the run opened blocks at a logged step, else "-" (four SFT steps may leave a model that opens none);
     its accuracy cell always holds numbers."""
     from parallel_r1.testing.demo.width import WIDTH_RUNS
 
-    out = tmp_path / "width"
-    run_quick_demo(out, "--width", timeout=1200)
+    out, _ = quick_demo(quick_demos, "width")
     recorded = json.loads((out / "sft-width" / "config.json").read_text())["parallel_r1"]
     assert (recorded["min_paths"], recorded["max_paths"]) == (2, 4)
     table = (out / "width" / "table.md").read_text().split("\n\n")[0].splitlines()
@@ -567,3 +680,27 @@ def test_vote_changes_the_parallel_cold_start_and_sft_and_gives_the_plain_sft_as
     with pytest.raises(SystemExit):
         demo.main(["--vote", "--paper", "--output_dir", str(tmp_path / "refused")])
     assert "--vote changes the parallel SFT" in capsys.readouterr().err
+
+
+def test_base_from_copies_the_data_and_the_base_and_makes_neither(tmp_path, monkeypatch, capsys):
+    """`demo.py --base_from DIR`, its commands recorded instead of run: data/ and base-special/ come from DIR, no
+    stage makes them, and a folder without them is refused at start."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    earlier = tmp_path / "earlier"
+    for part, name in (("data", "test.jsonl"), ("base-special", "config.json")):
+        (earlier / part).mkdir(parents=True)
+        (earlier / part / name).write_text(f"{part} of the earlier run")
+    ran = []
+    monkeypatch.setattr(demo.Demo, "stage", lambda self, title, name, command: ran.append(name))
+    demo.Demo(tmp_path / "new", 0, True, base_from=earlier).prepare_base()
+    assert ran == []
+    for part, name in (("data", "test.jsonl"), ("base-special", "config.json")):
+        assert (tmp_path / "new" / part / name).read_text() == f"{part} of the earlier run"
+    demo.Demo(tmp_path / "own", 0, True).prepare_base()
+    assert ran == ["data", "base", "tags"]
+    monkeypatch.setattr(demo.Demo, "strong", lambda self: pytest.fail("ran without a base"))
+    with pytest.raises(SystemExit):
+        demo.main(["--strong", "--base_from", str(tmp_path / "own"), "--output_dir", str(tmp_path / "refused")])
+    assert "no data/ and base-special/ there" in capsys.readouterr().err
