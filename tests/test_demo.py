@@ -20,8 +20,9 @@ from parallel_r1.answers import extract_answer, final_answer, is_correct
 from parallel_r1.cold_start import ColdStartConfig, generate_cold_start
 from parallel_r1.data import DataArguments, build_prompt, load_problems
 from parallel_r1.data.loaders import problem_text
+from parallel_r1.durable import read_lines
 from parallel_r1.tags.language import parse, stats
-from parallel_r1.testing.demo import task
+from parallel_r1.testing.demo import path_probe, task
 from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
 from parallel_r1.testing.demo.task import (
     EASY_MAX,
@@ -375,6 +376,14 @@ def test_a_shortened_strong_demo_runs_every_arm_from_one_plain_sft(quick_demos):
     assert len((results / "votes.md").read_text().splitlines()) == 4
     assert (out / "timings.md").read_text().count("\n| ") == 16  # fifteen stages and the total
     assert "(b) cons@3 of (a)" in result.stdout and "Table:" in result.stdout
+    # the path probe reads the plain model's working plainly and in the parallel model's paths
+    problems = [Problem.parse(row["question"]) for row in read_lines(out / "data" / "test.jsonl")][:3]
+    probed = path_probe.probe(str(out / "sft-plain"), str(out / "sft-parallel"), problems)
+    assert list(probed) == ["plain", "path 1", "path 2", "path 3"]
+    assert probed["path 1"] == probed["path 2"] == probed["path 3"]  # Unseen: a path reads the prompt and itself
+    assert all(0 <= accuracy <= 100 and logp <= 0 for accuracy, logp in probed.values())
+    with pytest.raises(ValueError, match="is causal"):
+        path_probe.probe(str(out / "sft-plain"), str(out / "sft-plain"), problems)
 
 
 def evaluation_folder(folder: Path, samples: dict, total: int, critical: int) -> Path:
