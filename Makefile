@@ -7,8 +7,8 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-paper demo-width bench real-model \
-    gpu-check clean
+.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-paper demo-width bench \
+    real-model gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -67,7 +67,8 @@ demo-vote: install
 
 # Parallel-R1 against the strongest plain recipe (a plain SFT as long, then plain GRPO 3x), that model's
 # self-consistency (cons@3, and cons@k at Parallel-R1's tokens) and the latency of each, all from one base; the
-# parallel cold start and SFT continue from the plain SFT: outputs/demo-strong/results/strong/arms.md.
+# parallel cold start and SFT continue from the plain SFT: outputs/demo-strong/results/strong/arms.md. About 25
+# minutes.
 demo-strong: install
 	$(PY) scripts/demo.py --strong --output_dir outputs/demo-strong
 

@@ -6,7 +6,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
     python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 35 min)
     python scripts/demo.py --vote --matched     # make demo-vote: the same with a summary trained to vote (about 25 min)
-    python scripts/demo.py --strong             # make demo-strong: against the strongest plain recipe and cons@k
+    python scripts/demo.py --strong             # make demo-strong: the strongest plain recipe and cons@k (about 25 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
