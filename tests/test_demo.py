@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -260,33 +259,6 @@ def test_a_function_teacher_that_cannot_be_loaded_is_named(tmp_path, name, messa
     )
     with pytest.raises(ValueError, match=message):
         make_teacher(config)
-
-
-QUICK_JOBS = {"matched": ("--matched",), "strong": ("--strong",), "paper": ("--paper",), "width": ("--width",)}
-
-
-@pytest.fixture(scope="module")
-def quick_demos(tmp_path_factory) -> dict:
-    """The four `scripts/demo.py --quick` jobs of the slow tests below, run once and side by side, one thread each (a
-    quick stage is mostly its imports, on one core): job -> (its --output_dir, its finished process)."""
-    root = tmp_path_factory.mktemp("demos")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    running = {}
-    for job, flags in QUICK_JOBS.items():
-        command = [sys.executable, "scripts/demo.py", *flags, "--quick", "--output_dir", str(root / job)]
-        with (root / f"{job}.out").open("w") as sink:
-            process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env)
-        running[job] = (command, process)
-    finished = {}
-    try:
-        for job, (command, process) in running.items():
-            code = process.wait(timeout=1500)
-            output = (root / f"{job}.out").read_text()
-            finished[job] = (root / job, subprocess.CompletedProcess(command, code, output))
-    finally:
-        for _, process in running.values():
-            process.kill()
-    return finished
 
 
 def quick_demo(quick_demos: dict, job: str) -> tuple[Path, subprocess.CompletedProcess]:
