@@ -13,7 +13,7 @@ answer it gives, and its shape. For a benchmark of P problems with n samples eac
   is not solved.
 - cons@k from n >= k samples (`consensus_at_k`): the mean, over every k-subset of a problem's n samples (each kept
   in sample order), of the subset's cons@k; the expected cons@k of k independent samples, with no resampling noise.
-- Latency of an answer (`critical_path`): the tokens decoded one after another to reach it. One completion counts
+- Latency of an answer (`latency_summary`): the tokens decoded one after another to reach it. One completion counts
   its critical path D (T for a plain one); k samples decoded concurrently and voted count the longest of their D.
   Reported as the mean and the 90th percentile (nearest rank) over the answers.
 - Standard errors: the sample standard deviation over problems of the per-problem value, divided by sqrt(P)
