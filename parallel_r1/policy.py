@@ -158,12 +158,16 @@ class ParallelPolicy:
             raise ValueError(f"rollout_mode={self.settings.rollout_mode!r} samples without the fork-join engine")
         return ForkJoinEngine(backend, self.tokens, self.grammar, self.settings)
 
-    def rollouts(self, backend, prompts: list[list[int]], seeds: list[int] | None = None) -> list[Rollout]:
+    def rollouts(
+        self, backend, prompts: list[list[int]], seeds: list[int] | None = None, progress: bool = False
+    ) -> list[Rollout]:
         """One rollout per prompt, with the fork-join engine or, for `rollout_mode: plain`, one plain decode capped
-        at `max_completion_length`; `seeds[i]` is completion i's random stream (default: drawn by the backend)."""
+        at `max_completion_length`; `seeds[i]` is completion i's random stream (default: drawn by the backend).
+        `progress`: a bar of the completions done, of those due."""
         if self.tokens is None:
-            return plain_rollouts(backend, prompts, self.settings.max_completion_length, self.eos_ids, seeds)
-        return self.engine(backend).generate(prompts, seeds)
+            max_new = self.settings.max_completion_length
+            return plain_rollouts(backend, prompts, max_new, self.eos_ids, seeds, progress=progress)
+        return self.engine(backend).generate(prompts, seeds, progress=progress)
 
     # ------------------------------------------------------------------ training
 

@@ -43,14 +43,15 @@ class ParallelSampler:
         backend_args = backend or BackendArguments()
         self.backend = self.policy.open_backend(model_path, backend_args, self.policy.sampling(seed), device=device)
 
-    def answer(self, problems: list[str]) -> list:
-        """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template."""
+    def answer(self, problems: list[str], progress: bool = False) -> list:
+        """One rollout (`rollout.Rollout`) per problem, its prompt built with the recorded template; `progress`
+        shows a bar of the completions done."""
         import torch
 
         tokenizer, template = self.policy.tokenizer, self.policy.settings.prompt_template
         prompts = [prompt_ids(tokenizer, build_prompt(p, template)) for p in problems]
         with torch.no_grad():
-            return self.policy.rollouts(self.backend, prompts)
+            return self.policy.rollouts(self.backend, prompts, progress=progress)
 
     def text(self, rollout, color: bool = False) -> str:
         """The completion as text with its tags kept whole (and coloured for a terminal when asked)."""

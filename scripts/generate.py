@@ -101,7 +101,7 @@ def main() -> None:
 
 def answer(sampler, problems: list[str], out, color: bool) -> None:
     """Sample, print and (with --output) write one batch of problems."""
-    for problem, rollout in zip(problems, sampler.answer(problems)):
+    for problem, rollout in zip(problems, sampler.answer(problems, progress=len(problems) > 1)):
         print(f"=== {problem}\n{sampler.text(rollout, color)}\n")
         if out:
             record = {"problem": problem, "completion": sampler.text(rollout), "finish": rollout.finish,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -309,6 +310,10 @@ def test_a_shortened_demo_runs_every_stage_and_ends_in_the_table(quick_demos):
     assert stages.count("\n| ") == 22 and "total" in stages  # twenty-one stages and the total
     assert len(list((out / "logs").glob("*.log"))) == 21
     assert "Table:" in result.stdout and "Logs:" in result.stdout
+    # each stage's banner says how long the demo has run, and its end how long it took
+    banners = re.findall(r"= Stage (\d+): .+ \((?:\d+ min )?\d+ s in\) =", result.stdout)
+    assert banners == [str(n) for n in range(1, 22)]
+    assert len(re.findall(r"\n-- .+: (?:\d+ min )?\d+ s \(the demo: (?:\d+ min )?\d+ s\)", result.stdout)) == 21
     probe = subprocess.run(
         [sys.executable, "-m", "parallel_r1.testing.demo.probe", str(out / "sft"), str(out / "grpo"),
          "--test", str(out / "data" / "test.jsonl"), "--max_problems", "5"],

@@ -362,8 +362,17 @@ def plain_decode(
 
 
 def plain_rollouts(
-    backend: Backend, prompts: list[list[int]], max_new: int, eos_ids, seeds: list[int] | None = None
+    backend: Backend,
+    prompts: list[list[int]],
+    max_new: int,
+    eos_ids,
+    seeds: list[int] | None = None,
+    progress: bool = False,
 ) -> list[Rollout]:
-    """`plain_decode`'s rollouts, in the order of the prompts."""
-    rollouts = dict(plain_decode(backend, prompts, max_new, eos_ids, seeds))
+    """`plain_decode`'s rollouts, in the order of the prompts; `progress` shows a bar of the completions ended."""
+    rollouts = {}
+    with tqdm(total=len(prompts), desc="rollouts", unit="completion", disable=not progress, leave=False) as bar:
+        for i, rollout in plain_decode(backend, prompts, max_new, eos_ids, seeds):
+            rollouts[i] = rollout
+            bar.update()
     return [rollouts[i] for i in range(len(prompts))]
