@@ -14,6 +14,9 @@ Extraction (`extract_answer`), on the completion with its tags removed:
   `2, -3`), the way a model boxes each of several solutions.
 - An answer longer than `MAX_ANSWER_CHARS` is no answer.
 
+A path of a block has a result, not a marked answer: the last number it writes (`path_result`). A complete block
+whose paths end on different results is a split vote (`paths_disagree`).
+
 Checking (`answers_match`, `is_correct`; docs/answers.md):
 - Equal to the reference after `normalize` is correct.
 - Otherwise the answer is read (`read_answer`): math delimiters (`$`, `\\( \\)`, `\\[ \\]`), bold markers and
@@ -183,6 +186,27 @@ def _unwrap_reference(text: str) -> str:
     if _GSM8K_MARK in text:
         return text.rsplit(_GSM8K_MARK, 1)[1].replace(",", "").strip()
     return text
+
+
+# --------------------------------------------------------------------------- the paths of a block
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def path_result(text: str) -> Decimal | None:
+    """The last number a path writes, as a value (`1,000` is 1000, `68.0` is 68), or None."""
+    numbers = _NUMBER.findall(text)
+    return Decimal(numbers[-1].replace(",", "")) if numbers else None
+
+
+def paths_disagree(block, text_of=str) -> bool:
+    """Whether a complete block (`language.Block`: closed, every path closed) has paths that end on different
+    numbers (`path_result`): a split vote. A block cut by the length is not judged (its paths' last numbers are not
+    their results), and a path that writes no number disagrees with one that does. `text_of` turns a path's body
+    into text (an id parse's needs the tokenizer's decode)."""
+    if not (block.closed and all(path.closed for path in block.paths)):
+        return False
+    return len({path_result(text_of(path.body)) for path in block.paths}) > 1
 
 
 # --------------------------------------------------------------------------- spelling and reading

@@ -6,8 +6,10 @@
     accelerate launch scripts/evaluate.py --config ...   # transformers backend, data-parallel over GPUs
 
 The recipe fills `parallel_r1.configs.EVAL_ARGUMENTS`; command-line flags override it. The output folder gets
-results.json (every number, the settings, versions, the model's revision and step), table.md and
-completions.jsonl; an interrupted run restarted with the same arguments samples only what is missing.
+results.json (every number, the settings, versions, the model's revision and step), table.md, completions.jsonl
+and viewer.html, a page to open in a browser that shows each completion with its blocks' paths side by side
+(`parallel_r1.evaluation.viewer`); an interrupted run restarted with the same arguments samples only what is
+missing.
 """
 
 import logging

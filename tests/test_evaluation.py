@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,14 @@ def test_writes_the_table_the_json_and_the_completions(evaluated, tag_prone_dir)
     assert "| Paths/block (min-max) | Alike % |" in table
     for m in saved["benchmarks"].values():  # fixed width 2: a block cut by the cap may hold one path, or none
         assert 0 <= m["paths_per_block_min"] <= m["paths_per_block_max"] == 2
+    # and the viewer beside them holds every completion, in the file's order, each block with its paths
+    (viewer,) = re.findall(
+        r'<script type="application/json" id="data">(.*?)</script>', (out / "viewer.html").read_text()
+    )
+    shown = json.loads(viewer)["completions"]
+    assert [[len(n["paths"]) for n in v["nodes"] if "paths" in n] for v in shown] == [
+        r["paths_per_block"] for r in records
+    ]
 
 
 def test_a_restart_with_the_same_settings_samples_nothing_new(evaluated, tag_prone_dir):

@@ -4,6 +4,7 @@ the isolated forward is the structure's, metrics are logged, resumes continue th
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -584,3 +585,32 @@ def test_the_colocated_engine_gets_a_seat_for_each_path_up_to_what_trl_lets_a_st
         for trl_size in (8, 2048, None):
             grpo_trainer.VLLMGeneration(max_num_seqs=trl_size)
     assert seats == [24, 4096, None] and grpo_trainer.VLLMGeneration is trls
+
+
+def test_a_generation_shows_its_progress_and_its_completions_table_once(
+    tmp_path, tag_prone_dir, dataset, monkeypatch, capfd, caplog
+):
+    """The start says what a generation samples; the rollouts' bar moves inside it (one tick a completion); a
+    generation trained for two steps prints, writes and sends its completions table once, not at both steps."""
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    printed = []
+    monkeypatch.setattr(trl_grpo, "is_rich_available", lambda: True)
+    monkeypatch.setattr(trl_grpo, "print_prompt_completions_sample", lambda *a, **k: printed.append(a[4]))
+    args = config(tmp_path, steps_per_generation=2, max_steps=4, log_completions=True)
+    with caplog.at_level("INFO", logger="parallel_r1.trainers.grpo"):
+        trainer = tiny_grpo_trainer(tag_prone_dir, args, dataset)
+    assert (
+        "each generation samples 8 completions (2 prompts x 4, fork rollouts, at most 48 tokens each) over 1 "
+        "process(es), and 2 optimizer step(s) train on them" in caplog.text
+    )
+    capfd.readouterr()
+    trainer.train()
+    err = capfd.readouterr().err
+    ticks = re.findall(r"rollouts:\s+\d+%\|[^|]*\| (\d+)/(\d+)", err)  # a generation's completions, done of due
+    assert {due for _, due in ticks} == {"8"} and any(0 < int(done) < 8 for done, _ in ticks)  # it moves inside
+    assert printed == [1, 3]  # steps 1 and 3 start a generation; 2 and 4 train on the same completions
+    tables = sorted(p.name for p in (Path(args.output_dir) / "completions").glob("*.parquet"))
+    assert tables == ["completions_00001.parquet", "completions_00003.parquet"]
+    pages = sorted(p.name for p in (Path(args.output_dir) / "completions").glob("*.html"))  # a viewer beside each
+    assert pages == ["completions_00001.html", "completions_00003.html"]

@@ -42,15 +42,10 @@ def completions(tokenizer) -> dict:
 
 def logged_shapes(policy, ids: list, attention: str = "isolated") -> dict:
     """What the GRPO trainer logs under parallel/ for these completions (its own `_log_shapes`, one process)."""
-    width = max(map(len, ids))
-    output = {
-        "completion_ids": torch.tensor([row + [0] * (width - len(row)) for row in ids]),
-        "completion_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids]),
-    }
     trainer = SimpleNamespace(
         policy=policy, _metrics={"train": defaultdict(list)}, args=SimpleNamespace(attention=attention)
     )
-    ParallelGRPOTrainer._log_shapes(trainer, output, "train")
+    ParallelGRPOTrainer._log_shapes(trainer, ids, [policy.shape(row) for row in ids], "train")
     return {name: values[0] for name, values in trainer._metrics["train"].items()}
 
 

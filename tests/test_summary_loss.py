@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from parallel_r1.answers import path_result
 from parallel_r1.configs import ParallelSFTConfig
 from parallel_r1.tags.language import parse
 from parallel_r1.tags.tokens import tag_vocab
@@ -18,7 +19,6 @@ from parallel_r1.trainers import ParallelSFTTrainer
 from parallel_r1.trainers.summary_loss import (
     IGNORE,
     completion_starts,
-    path_result,
     summary_tokens,
     without_disagreeing_paths,
 )

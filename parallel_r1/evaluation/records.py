@@ -64,8 +64,9 @@ def shard_writer(folder: Path, rank: int) -> AppendLog:
     return AppendLog(folder / "shards" / f"rank-{rank}.jsonl")
 
 
-def write_completions(path: Path, records: list) -> None:
-    """All records in one file, ordered by benchmark order of appearance, problem and sample."""
+def write_completions(path: Path, records: list) -> list:
+    """All records in one file, ordered by benchmark order of appearance, problem and sample; returns them in that
+    order."""
     order = {}
     for record in records:
         order.setdefault(record["benchmark"], len(order))
@@ -73,3 +74,4 @@ def write_completions(path: Path, records: list) -> None:
     with path.open("w", encoding="utf-8") as file:
         for record in ordered:
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return ordered

@@ -6,8 +6,8 @@ Sampling uses the fork-join engine with the settings of training (attention vari
 grammar: what the config leaves unset is what the model recorded), or one plain decode (`rollout_mode: plain`).
 Backends: transformers (data-parallel when launched with accelerate: each process takes its share of the missing
 completions), an offline `vllm.LLM`, or a running vLLM server through TRL's `VLLMClient`. Completions are written
-as they come (`records`); a restart with the same settings samples only what is missing, other settings in the
-same folder are refused.
+as they come (`records`), and at the end the page to read them (`viewer`); a restart with the same settings samples
+only what is missing, other settings in the same folder are refused.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from . import records as rec
 from .config import EvaluationConfig
 from .metrics import summarize
 from .report import markdown_table
+from .viewer import VIEWER_FILE, write_viewer
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +107,9 @@ def evaluate(config: EvaluationConfig, model_args) -> dict:
 
 
 def write_results(folder: Path, config: EvaluationConfig, model_args, records: list) -> dict:
-    """completions.jsonl, results.json and table.md from the records; returns the results."""
-    rec.write_completions(folder / "completions.jsonl", records)
+    """completions.jsonl, its viewer (viewer.html), results.json and table.md from the records; returns the
+    results."""
+    ordered = rec.write_completions(folder / "completions.jsonl", records)
     results = {
         "model": _model_info(model_args),
         "label": config.label or model_args.model_name_or_path,
@@ -117,6 +119,7 @@ def write_results(folder: Path, config: EvaluationConfig, model_args, records: l
         **summarize(records),
     }
     (folder / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_viewer(ordered, folder / VIEWER_FILE, results["label"])
     table = markdown_table([results])
     (folder / "table.md").write_text(table + "\n")
     print(table)

@@ -15,6 +15,8 @@ the completions.
 
 `tag_lr_multiplier` gives the tag rows their own learning rate (`tag_rate.TagRateMixin`, shared with SFT).
 
+With `log_completions`, each completions table TRL saves gets a rollout viewer page beside it (`rollout_viewer`).
+
 After each generation it logs the shape of the completions under `parallel/` (`policy.shape_metrics`, as the
 evaluation tables have it) and, where TRL does not already (it does with vLLM and importance-sampling correction
 on), the gap between the sampler's and the trainer's log-probs.
@@ -44,6 +46,7 @@ from ..rollout.vllm_backend import MAX_REQUESTS_IN_FLIGHT, keep_cpu_linear_weigh
 from ..structure import check_attention_implementation
 from .card import ModelCardMixin
 from .colocated_vllm import colocated_rollouts, group_seed, room_for_paths
+from .rollout_viewer import RolloutViewer
 from .tag_rate import TagRateMixin
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,19 @@ def corrected_weights(ratio, mask, mode: str, clip_min: float | None, clip_max: 
     return int(changed.sum()), weights.numel()
 
 
+def generation_banner(args: ParallelGRPOConfig) -> str:
+    """What one generation samples (TRL's `generation_batch_size`, over every process) and how many optimizer steps
+    train on it (TRL generates every `steps_per_generation x num_iterations` batches)."""
+    completions = args.generation_batch_size
+    steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
+    rollout = "plain decodes" if args.rollout_mode == "plain" else f"{args.rollout_mode} rollouts"
+    return (
+        f"each generation samples {completions} completions ({completions // args.num_generations} prompts x "
+        f"{args.num_generations}, {rollout}, at most {args.max_completion_length} tokens each) over "
+        f"{args.world_size} process(es), and {steps:g} optimizer step(s) train on them"
+    )
+
+
 class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs, args: ParallelGRPOConfig, processing_class=None, **kwargs):
         if not isinstance(args, ParallelGRPOConfig):
@@ -136,6 +152,17 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
             self.add_callback(InTrainingEvaluation(self))
+        self._rollout_viewer = RolloutViewer(self) if args.log_completions else None  # a page beside each table
+        if self._rollout_viewer is not None:
+            self.add_callback(self._rollout_viewer)
+        self._generations = self._generations_shown = 0  # generations made, and the last whose completions printed
+        if self.accelerator.is_main_process:
+            logger.info(generation_banner(args))
+
+    @property
+    def _bar(self) -> bool:
+        """Whether this process shows a generation's progress: the main one, unless `disable_tqdm`."""
+        return self.accelerator.is_main_process and not self.args.disable_tqdm
 
     # ------------------------------------------------------------------ generation
 
@@ -179,11 +206,13 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         if self.use_vllm:  # colocate: the vLLM engine TRL holds, driven as TRL drives it (`colocated_vllm`)
             generation = self.vllm_generation
             backend = self._sampler(lambda: self.policy.backend(self._sampling(), llm=generation.llm))
-            return colocated_rollouts(generation, prompt_ids, lambda prompts: self.policy.rollouts(backend, prompts))
+            return colocated_rollouts(
+                generation, prompt_ids, lambda prompts: self.policy.rollouts(backend, prompts, progress=self._bar)
+            )
         with self._generation_model() as model:
             backend = self._sampler(lambda: self.policy.backend(self._sampling(), model=model))
             backend.model = model
-            return self.policy.rollouts(backend, prompt_ids)
+            return self.policy.rollouts(backend, prompt_ids, progress=self._bar)
 
     def evaluation_rollouts(self, prompt_ids: list, seed: int) -> list:
         """Rollouts of the current weights with the training rollout settings, on the transformers backend and a
@@ -227,7 +256,7 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
                         max_concurrent_requests=min(segments, MAX_REQUESTS_IN_FLIGHT),
                     )
                 )
-                payload = [self.policy.rollouts(backend, everyone)]
+                payload = [self.policy.rollouts(backend, everyone, progress=self._bar)]
             except Exception as error:  # noqa: BLE001 - raised below, on every process
                 payload = [error]
         broadcast_object_list(payload, from_process=0)
@@ -298,15 +327,34 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        self._generations += 1
         mode = "train" if self.model.training else "eval"
-        if self.policy.vocab is not None:
-            self._log_shapes(output, mode)
+        if self.policy.vocab is not None or self._rollout_viewer is not None:
+            completions = [
+                ids[m.bool()].tolist() for ids, m in zip(output["completion_ids"], output["completion_mask"])
+            ]
+            shapes = [self.policy.shape(ids) for ids in completions]  # this process's, measured once
+            if self._rollout_viewer is not None:
+                self._rollout_viewer.keep(inputs, shapes)
+            if self.policy.vocab is not None:
+                self._log_shapes(completions, shapes, mode)
         if self.args.measure_sampling_mismatch and "sampling_per_token_logps" in output:
             if not (self.use_vllm and self.vllm_importance_sampling_correction):  # TRL logs it in that case
                 self._log_mismatch(output, mode)
         if "importance_sampling_ratio" in output:
             self._log_clipped(output, mode)
         return output
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """TRL's log, whose completions table (printed, written and sent to the trackers with `log_completions`) is
+        that of the last generation: shown at the first log after it, not again at each step it trains."""
+        fresh = self._generations != self._generations_shown
+        self._generations_shown = self._generations
+        shown, self.log_completions = self.log_completions, self.log_completions and fresh
+        try:
+            super().log(logs, *args, **kwargs)
+        finally:
+            self.log_completions = shown
 
     def _log_clipped(self, output: dict, mode: str) -> None:
         """The share of TRL's importance weights its correction changed (`corrected_weights`), over every process."""
@@ -323,13 +371,11 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         clipped, total = self.accelerator.gather(counts).sum(0).tolist()
         self._metrics[mode]["sampling/importance_weights_clipped"].append(clipped / total if total else 0.0)
 
-    def _log_shapes(self, output: dict, mode: str) -> None:
-        """`policy.shape_metrics` of every process's completions, as `parallel/<name>` (`parallel/ratio` for the
-        parallel ratio); under `tree`, also the copies of later paths its training forward adds, per completion."""
-        completions = [
-            ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"])
-        ]
-        shapes = gather_object([self.policy.shape(ids) for ids in completions])
+    def _log_shapes(self, completions: list, shapes: list, mode: str) -> None:
+        """`policy.shape_metrics` of every process's completions (this one's `shapes` of its `completions`), as
+        `parallel/<name>` (`parallel/ratio` for the parallel ratio); under `tree`, also the copies of later paths
+        its training forward adds, per completion."""
+        shapes = gather_object(shapes)
         metrics = self._metrics[mode]
         for name, value in shape_metrics(shapes).items():  # every shape here has its self-BLEU
             metrics[f"parallel/{name.removeprefix('parallel_')}"].append(value)

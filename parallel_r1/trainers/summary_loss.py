@@ -10,21 +10,19 @@
 - **Disagreeing paths.** In a complete block (closed, every path closed) whose paths end on different numbers, the
   paths' bodies and their `</Path>` leave the loss; the tags that open them, the summary and the text around the
   block stay. Which path slipped cannot be told from the ids, and SFT would imitate the slip; the summary still
-  learns to vote over it. A path's result is the last number it writes (`path_result`), so the rule is for traces
-  whose paths end on their result, as the demo's do; a path that writes no number disagrees with one that does.
+  learns to vote over it. A path's result is the last number it writes (`answers.path_result`, the split vote of
+  `answers.paths_disagree`), so the rule is for traces whose paths end on their result, as the demo's do; a path
+  that writes no number disagrees with one that does.
 """
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
-
 import torch
 
+from ..answers import paths_disagree
 from ..tags.language import TagVocab, parse, parser_states
 
 IGNORE = -100  # TRL's label for tokens out of the loss
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def completion_starts(labels: torch.Tensor) -> torch.Tensor:
@@ -37,12 +35,6 @@ def completion_starts(labels: torch.Tensor) -> torch.Tensor:
     return torch.where(in_loss.any(-1), in_loss.int().argmax(-1), labels.shape[-1])
 
 
-def path_result(text: str) -> Decimal | None:
-    """The last number a path writes, as a value (`1,000` is 1000, `68.0` is 68), or None."""
-    numbers = NUMBER.findall(text)
-    return Decimal(numbers[-1].replace(",", "")) if numbers else None
-
-
 def without_disagreeing_paths(labels: torch.Tensor, input_ids: torch.Tensor, vocab: TagVocab, decode) -> torch.Tensor:
     """A copy of `labels` where the paths of every complete block whose paths end on different numbers are out of
     the loss. Each row is read from its completion's start, so a prompt that names the tags is not parsed; `decode`
@@ -50,9 +42,7 @@ def without_disagreeing_paths(labels: torch.Tensor, input_ids: torch.Tensor, voc
     labels = labels.clone()
     for row, start in enumerate(completion_starts(labels).tolist()):
         for block in parse(input_ids[row, start:].tolist(), vocab).blocks:
-            if not (block.closed and all(path.closed for path in block.paths)):
-                continue  # a block cut by the length: its paths' last numbers are not their results
-            if len({path_result(decode(list(path.body))) for path in block.paths}) > 1:
+            if paths_disagree(block, lambda body: decode(list(body))):
                 for path in block.paths:
                     labels[row, start + path.open_at + 1 : start + path.end] = IGNORE
     return labels
