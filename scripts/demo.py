@@ -97,6 +97,13 @@ VOTE_SFT = ("--summary_loss_weight", "10", "--disagreeing_paths_in_loss", "false
 # --strong: the plain SFT both arms start from, and the second SFT stage each arm adds (plain, or the parallel one)
 STRONG_PLAIN_SFT = VOTE_SFT_STEPS  # where make demo-vote's plain SFT is right 96-97% of the time
 STRONG_PARALLEL_SFT = 600
+TRACKIO_PROJECT = "parallel-r1-demo"  # the one trackio project every training stage logs to
+
+
+def clock(seconds: float) -> str:
+    """A duration as people read it: `45 s`, `3 min 07 s`."""
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
 
 
 class Demo:
@@ -117,6 +124,7 @@ class Demo:
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
+        self.started = time.monotonic()
 
     def path(self, *parts) -> str:
         return str(self.out.joinpath(*parts))
@@ -126,7 +134,7 @@ class Demo:
         self.count += 1
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
-        banner = f" Stage {self.count}: {title} "
+        banner = f" Stage {self.count}: {title} ({clock(time.monotonic() - self.started)} in) "
         print(f"\n{banner:=^100}\n$ {shlex.join(command)}\n", flush=True)
         start = time.monotonic()
         with log.open("wb") as sink:
@@ -142,10 +150,14 @@ class Demo:
             raise SystemExit(
                 f"error: stage {self.count} ({title}) failed with exit code {process.returncode}; see {log}"
             )
-        print(f"\n-- {title}: {elapsed:.0f} s", flush=True)
+        print(f"\n-- {title}: {clock(elapsed)} (the demo: {clock(time.monotonic() - self.started)})", flush=True)
 
     def extra(self, stage: str) -> list:
         return QUICK[stage] if self.quick else []
+
+    def tracking(self, run: str) -> list:
+        """A training stage's flags to log to the demo's trackio project as run `run` (its output's name)."""
+        return ["--report_to", "trackio", "--project", TRACKIO_PROJECT, "--run_name", run]
 
     # ------------------------------------------------------------------------------------------- the stages
 
@@ -182,7 +194,8 @@ class Demo:
             "base",
             [*ACCELERATE, "-m", "trl.scripts.sft", "--config", str(RECIPES / "base.yaml"),
              "--model_name_or_path", self.path("base-init"), "--dataset_name", self.path("data", "pretrain"),
-             "--output_dir", self.path("base"), "--seed", str(self.seed), *self.extra("base")],
+             "--output_dir", self.path("base"), "--seed", str(self.seed), *self.tracking("base"),
+             *self.extra("base")],
         )  # fmt: skip
         self.stage(
             "add the six tags",
@@ -208,7 +221,7 @@ class Demo:
             [*ACCELERATE, "scripts/sft.py", "--config", str(RECIPES / "sft.yaml"),
              "--model_name_or_path", self.path(start),
              "--dataset_name", self.path(traces, "train.parquet"), "--output_dir", self.path(output),
-             "--seed", str(self.seed), *extra, *self.extra("sft")],
+             "--seed", str(self.seed), *self.tracking(output), *extra, *self.extra("sft")],
         )  # fmt: skip
 
     def grpo(self, output: str, reward: str | tuple | None = None, title: str = "Parallel-R1: GRPO, fork-join rollouts",
@@ -220,8 +233,8 @@ class Demo:
             output.replace("/", "-"),
             [*ACCELERATE, "scripts/grpo.py", "--config", str(RECIPES / recipe),
              "--model_name_or_path", self.path(start), "--dataset_name", self.path("data", data),
-             "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *budget, *self.extra("grpo"),
-             *extra],
+             "--output_dir", self.path(output), "--seed", str(self.seed), *rewards, *budget,
+             *self.tracking(output.replace("/", "-")), *self.extra("grpo"), *extra],
         )  # fmt: skip
 
     def grpo_plain(self) -> None:
@@ -428,6 +441,10 @@ class Demo:
         print(f"Models:  {', '.join(self.path(model) for model in models)}")
         print(f"Data:    {self.path('data')}, cold-start report {self.path(cold_start, 'report.md')}")
         print(f"Logs:    {self.logs}/")
+        trackio = Path(sys.executable).parent / "trackio"
+        print(
+            f"Curves:  TRACKIO_DIR={shlex.quote(str(self.out / 'trackio'))} {trackio} show --project {TRACKIO_PROJECT}"
+        )
 
 
 def main(argv=None) -> None:
@@ -485,6 +502,11 @@ def main(argv=None) -> None:
         )
     demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote,
                 base_from)  # fmt: skip
+    # Every training stage logs to one local trackio store in the output folder; a rerun starts it afresh (trackio
+    # resumes a run of the same name, so old curves would go on under the new ones)
+    os.environ["TRACKIO_DIR"] = str(demo.out / "trackio")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo needs nothing from the Hub: no lookups, no telemetry
+    shutil.rmtree(demo.out / "trackio", ignore_errors=True)
     demo.paper() if args.paper else demo.width() if args.width else demo.strong() if args.strong else demo.run()
 
 

@@ -21,13 +21,15 @@ GLOBAL_BATCH_4 = "Total train batch size (w. parallel, distributed & accumulatio
 
 class Launch:
     """A script in its own process group (accelerate launch spawns a child: a kill must reach both), output to a
-    log file. Used as a context manager: whatever is still running at the end is killed."""
+    log file, `env` added to the environment. Used as a context manager: whatever is still running at the end is
+    killed."""
 
-    def __init__(self, command: list, log: Path):
+    def __init__(self, command: list, log: Path, env: dict | None = None):
         self.log = log
         with log.open("wb") as out:
             # PYTHONFAULTHANDLER: a launch that crashes prints every thread's Python stack into its log
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1"}
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1",
+                   **(env or {})}  # fmt: skip
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )

@@ -13,6 +13,8 @@ The rules checked, each through the scripts under `accelerate launch`:
 - ZeRO-3 GRPO (tree) killed by SIGKILL after its checkpoint 2 and launched again with `--resume_from_checkpoint
   true` logs the rewards and ends with the weights of the unbroken 2-process run.
 - `ds3_gather_for_generation=false` under ZeRO-3 with the engine on transformers is refused at start.
+- SFT on one process and two and DDP GRPO (isolated) also run with `--report_to trackio`, behind the network guard
+  (tests/tracking.py): every number they log is a scalar of their trackio run, and no request leaves the machine.
 
 DDP on CPU is torchrun's launcher (`--multi_gpu`) with the recipes' `use_cpu: true`, which makes the processes
 gloo ones (accelerate's MULTI_CPU). The ten launches run three or four at a time (a launch alone keeps about one of two
@@ -33,6 +35,7 @@ import pytest
 import torch
 from launches import GLOBAL_BATCH_4, Launches, complete, step_logs, weights_differ
 from safetensors.torch import load_file
+from tracking import metric_names, not_in_store, read_store, refused, tracked_env
 from transformers import AutoTokenizer
 
 from parallel_r1.configs import ParallelGRPOConfig
@@ -60,6 +63,12 @@ GRPO_STEPS, DRILL_STEPS, KILL_AFTER = 3, 4, 2
 GRPO = ["scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml", "--per_device_train_batch_size", "2"]
 GRPO += ["--max_completion_length", "48", "--max_path_tokens", "12", "--max_summary_tokens", "6"]
 GRPO += ["--max_train_samples", "8", "--seed", "0"]
+TRACKED = ("sft-one", "sft-ddp", "ddp-isolated")  # the launches that also log to trackio, behind the network guard
+
+
+def tracking(name: str) -> tuple:
+    """The flags of a launch that logs to trackio as run `name` of project `multiprocess`."""
+    return ("--report_to", "trackio", "--project", "multiprocess", "--run_name", name) if name in TRACKED else ()
 
 
 def command(setup: str, port: int, script: list, *flags: str) -> list:
@@ -87,11 +96,11 @@ def runs(bare_tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
     base = tmp_path_factory.mktemp("multiprocess")
     sft = lambda setup, batch: command(  # noqa: E731
         setup, free_port(), SFT, "--model_name_or_path", str(bare_tiny_dir), "--output_dir", str(base / f"sft-{setup}"),
-        "--per_device_train_batch_size", str(batch),
+        "--per_device_train_batch_size", str(batch), *tracking(f"sft-{setup}"),
     )  # fmt: skip
     grpo = lambda setup, name, steps, *flags: command(  # noqa: E731
         setup, free_port(), GRPO, "--model_name_or_path", str(tag_prone_dir), "--output_dir", str(base / name),
-        "--max_steps", str(steps), *flags,
+        "--max_steps", str(steps), *tracking(name), *flags,
     )  # fmt: skip
     drill = ("--attention", "tree", "--save_strategy", "steps", "--save_steps", "1")
     done = {}
@@ -100,7 +109,10 @@ def runs(bare_tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
         done[name] = dict(out=base / (out or name), code=launch.finish(), log=launch.text())
 
     with ExitStack() as stack:
-        start = lambda name, cmd: stack.enter_context(Launches(cmd, base / f"{name}.log"))  # noqa: E731
+        start = lambda name, cmd: stack.enter_context(  # noqa: E731
+            Launches(cmd, base / f"{name}.log", tracked_env(base / "trackio", base / f"{name}.network"))
+            if name in TRACKED else Launches(cmd, base / f"{name}.log")
+        )  # fmt: skip
         # 1: the unbroken and the killed drill runs (ZeRO-3, tree), SFT on one process with batch 2b
         unbroken = start("zero3-tree", grpo("zero3", "zero3-tree", DRILL_STEPS, *drill))
         victim = start("killed", grpo("zero3", "killed", DRILL_STEPS, *drill))
@@ -128,6 +140,9 @@ def runs(bare_tiny_dir, tag_prone_dir, tmp_path_factory, free_port):
         for name, launch in launches.items():
             finish(name, launch)
     done["killed"] = killed
+    for name in TRACKED:
+        done[name]["refused"] = refused(base / f"{name}.network")
+    done["trackio"] = read_store(base / "trackio", "multiprocess")
     return done
 
 
@@ -210,6 +225,29 @@ def test_grpo_with_fork_join_rollouts_trains_on_two_processes(runs, tag_prone_di
     assert any(not torch.equal(saved[k], start[k]) for k in start)  # the weights moved
     saved_tags, given_tags = (tag_vocab(AutoTokenizer.from_pretrained(d)).ids for d in (out, tag_prone_dir))
     assert saved_tags == given_tags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TRACKED)
+def test_launches_with_report_to_trackio_log_every_metric_offline(runs, name):
+    """SFT on one process and two, GRPO on two: every number the trainer logged (loss, reward, KL, entropy, the
+    tags' learning rate, GRPO's `parallel/` shape and critical path, the sampler-trainer gap) is a scalar of the
+    run's trackio store, step by step; the run's config holds its settings; nothing left the machine."""
+    out, run = succeeded(runs[name]), runs["trackio"][name]
+    history = step_logs(out)
+    assert not_in_store(run, history) == []
+    expected = {"train/loss", "train/learning_rate", "train/entropy"}
+    if name.startswith("sft"):
+        expected |= {"train/tag_learning_rate"}
+    else:
+        expected |= {"train/reward", "train/parallel/ratio", "train/parallel/paths_per_block",
+                     "train/parallel/tokens_critical", "train/parallel/critical_over_total",
+                     "train/sampling/sampling_logp_difference/mean"}  # fmt: skip
+    assert expected <= metric_names(run)
+    assert run["config"]["output_dir"] == str(out) and run["config"]["attention"] in ("isolated", "tree")
+    if not name.startswith("sft"):
+        assert run["config"]["rollout_mode"] == "fork" and run["config"]["max_path_tokens"] == 12
+    assert runs[name]["refused"] == []
 
 
 @pytest.mark.slow
