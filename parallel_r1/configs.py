@@ -9,8 +9,10 @@ parsing (and `--help`) loads no trainer.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
@@ -22,7 +24,7 @@ from .data.sources import DataArguments, SFTDataArguments
 from .docstrings import document_parameters
 from .evaluation.config import EvaluationConfig, parse_benchmarks
 from .rollout import ParallelArguments, RolloutArguments
-from .rollout.arguments import RENAMED_KEYS, renamed_setting
+from .rollout.arguments import RENAMED_KEYS, RolloutBudgets, renamed_setting
 from .tags.tokens import TagRowArguments
 
 logger = logging.getLogger(__name__)
@@ -43,12 +45,35 @@ class RecipeParser(OneLineErrors, TrlParser):
         self.recipe: str | None = None
         self.renamed_keys = renamed_keys
 
-    def parse_args_and_config(self, args=None, **kwargs):
+    def parse_args_and_config(self, args=None) -> tuple:
         args, self.recipe = take_recipe(list(sys.argv[1:] if args is None else args))
         refuse_renamed_settings(args, self.recipe, self.renamed_keys)
         if self.recipe is not None:
             args = ["--config", self.recipe, *args]
-        return super().parse_args_and_config(args, **kwargs)
+        *parsed, from_recipe, from_flags = super().parse_args_and_config(
+            args, return_remaining_strings=True, separate_remaining_strings=True
+        )
+        self.refuse_unknown(from_recipe, from_flags)
+        return tuple(parsed)
+
+    def refuse_unknown(self, from_recipe: list[str], from_flags: list[str]) -> None:
+        """A recipe key or a flag that no field takes (what the parse left over) is refused in one line that names
+        the nearest field (difflib), instead of TRL's and transformers' advice to edit their dataclasses."""
+        fields = [action.dest for action in self._actions if action.option_strings and action.dest != "help"]
+
+        def nearest(name: str, prefix: str = "") -> str:
+            match = difflib.get_close_matches(name.replace("-", "_"), fields, n=1)
+            return f" (did you mean {prefix}{match[0]}?)" if match else ""
+
+        if from_recipe:
+            key = from_recipe[0].removeprefix("--")
+            raise ValueError(f"recipe {self.recipe}: unknown setting {key}{nearest(key)}")
+        flag = next((arg for arg in from_flags if arg.startswith("-")), None)
+        if flag is not None:
+            name = flag.lstrip("-").partition("=")[0]
+            raise ValueError(f"unknown flag {flag.partition('=')[0]}{nearest(name, '--')}")
+        if from_flags:
+            raise ValueError(f"unexpected argument {from_flags[0]!r}: settings are given as --name value")
 
 
 def refuse_renamed_settings(args: list[str], recipe: str | None, renamed_keys: dict[str, str] = RENAMED_KEYS) -> None:
@@ -63,6 +88,23 @@ def refuse_renamed_settings(args: list[str], recipe: str | None, renamed_keys: d
 
 
 # --------------------------------------------------------------------------- both stages
+
+
+@contextmanager
+def bf16_named(config):
+    """Around TRL's `__post_init__`: where it refuses bf16 (on by default in TRL's configs) because no GPU here
+    computes in bfloat16, the line names the setting to change (transformers' own names `use_cpu`)."""
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    try:
+        yield
+    except ValueError:
+        if config.bf16 and not config.use_cpu and not (is_torch_bf16_gpu_available() or is_torch_xla_available()):
+            raise ValueError(
+                "bf16 (on unless a recipe turns it off) needs a GPU that computes in bfloat16, and this machine has "
+                "none: add `bf16: false` to the recipe (or --bf16 false) to train in float32"
+            ) from None
+        raise
 
 
 @document_parameters
@@ -89,8 +131,9 @@ class TagRateArguments:
 
 @document_parameters
 @dataclass
-class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateArguments):
-    """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`), how the rows of
+class ParallelSFTConfig(SFTConfig, ParallelArguments, RolloutBudgets, TagRowArguments, TagRateArguments):
+    """`SFTConfig` plus the attention variant and the prompt template (`rollout.ParallelArguments`), the budgets the
+    model records for the stages after it (`rollout.arguments.RolloutBudgets`), how the rows of
     tags the trainer adds start (`tags.tokens.TagRowArguments`) and the tag rows' learning rate
     (`TagRateArguments`), and two rules that teach the summary to vote (`trainers.summary_loss`). Options that cannot
     carry path isolation fail here."""
@@ -114,7 +157,8 @@ class ParallelSFTConfig(SFTConfig, ParallelArguments, TagRowArguments, TagRateAr
     )
 
     def __post_init__(self):
-        super().__post_init__()
+        with bf16_named(self):
+            super().__post_init__()
         ParallelArguments.__post_init__(self)  # TrainingArguments' __post_init__ does not chain to these
         TagRateArguments.__post_init__(self)
         if not self.summary_loss_weight > 0:
@@ -212,7 +256,9 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig, TagRateArguments):
     )
 
     def __post_init__(self):
-        GRPOConfig.__post_init__(self)
+        with bf16_named(self):
+            GRPOConfig.__post_init__(self)
+        self._generate_no_more_than_trained()
         RolloutArguments.__post_init__(self)  # no __post_init__ chains to the others
         TagRateArguments.__post_init__(self)
         if self.rollout_mode != "plain":
@@ -244,6 +290,34 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig, TagRateArguments):
             raise ValueError(
                 "parallel_eval_steps evaluates with the fork-join engine: it needs rollout_mode fork or sequential"
             )
+
+    def _generate_no_more_than_trained(self) -> None:
+        """TRL generates `steps_per_generation` micro-batches at once and trains on one a micro-step; `max_steps`
+        optimizer steps train `max_steps x gradient_accumulation_steps` of them. A run shorter than one generation
+        (the SmolLM2 recipe's 16 with `--max_steps 1`, which trains 8) would generate completions it never trains
+        on: steps_per_generation is lowered to what the run trains, with a warning (a batch of the same size, fewer
+        groups), and refused where that leaves a partial group."""
+        trained = self.max_steps * self.gradient_accumulation_steps
+        if self.max_steps <= 0 or self.steps_per_generation <= trained:
+            return
+        per_micro_batch = self.generation_batch_size // self.steps_per_generation
+        if per_micro_batch * trained % self.num_generations:
+            raise ValueError(
+                f"max_steps={self.max_steps} trains {trained} micro-batches of the {self.steps_per_generation} "
+                f"a generation holds (steps_per_generation), and {trained} micro-batches of {per_micro_batch} "
+                f"completions do not hold whole groups of num_generations={self.num_generations}: raise max_steps "
+                "or set steps_per_generation"
+            )
+        logger.warning(
+            "steps_per_generation %d is lowered to %d: max_steps=%d x gradient_accumulation_steps=%d trains %d "
+            "micro-batches, and the rest of a generation would never be trained on",
+            self.steps_per_generation,
+            trained,
+            self.max_steps,
+            self.gradient_accumulation_steps,
+            trained,
+        )
+        self.steps_per_generation, self.generation_batch_size = trained, per_micro_batch * trained
 
     def _refuse_unreproducible_sampling(self) -> None:
         """Sampling options that reshape the distribution in ways the training forward does not repeat."""

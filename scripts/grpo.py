@@ -12,7 +12,7 @@ logging (`report_to`) and the Hub upload (`push_to_hub`, `hub_model_id`) are TRL
 
 import logging
 
-from parallel_r1.cli import check_named_model, run
+from parallel_r1.cli import check_named_model, check_trackers, run
 
 # The rest is imported as it is needed: a mistyped model folder fails before the parse, and --help and a bad flag
 # answer without loading TRL's trainers (and vLLM with them).
@@ -76,6 +76,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
 
 def cli() -> None:
     check_named_model()  # a mistyped model folder fails before the parse loads torch and transformers
+    check_trackers()  # so does a tracker whose package is not installed
     from parallel_r1.configs import grpo_parser
 
     parser = grpo_parser()

@@ -10,7 +10,7 @@ resuming (`--resume_from_checkpoint <dir>`, or `true` for the newest checkpoint 
 `hub_model_id`) are TRL's and transformers' own.
 """
 
-from parallel_r1.cli import check_named_model, run
+from parallel_r1.cli import check_named_model, check_trackers, run
 
 # The rest is imported as it is needed: a mistyped model folder fails before the parse, and --help and a bad flag
 # answer without loading TRL's trainers.
@@ -36,13 +36,12 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
     from parallel_r1.training import load_model, load_tokenizer, train_and_save
 
     tokenizer = load_tokenizer(model_args, training_args)
-    model = load_model(model_args, training_args)
     train_dataset = load_traces(script_args, training_args, tokenizer, script_args.dataset_train_split)
     eval_dataset = None
     if training_args.eval_strategy != "no" and script_args.dataset_test_split:
         eval_dataset = load_traces(script_args, training_args, tokenizer, script_args.dataset_test_split)
     trainer = ParallelSFTTrainer(
-        model,
+        load_model(model_args, training_args),  # after the data: a data file's mistake is said in seconds
         training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
@@ -55,6 +54,7 @@ def main(script_args, training_args, model_args, recipe: str | None = None):
 
 def cli() -> None:
     check_named_model()  # a mistyped model folder fails before the parse loads torch and transformers
+    check_trackers()  # so does a tracker whose package is not installed
     from parallel_r1.configs import sft_parser
 
     parser = sft_parser()

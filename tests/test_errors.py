@@ -25,6 +25,9 @@ def inputs(tmp_path_factory, tag_prone_dir):
     folder = tmp_path_factory.mktemp("bad_inputs")
     recipe = f"model_name_or_path: {tag_prone_dir}\ndataset_name: gsm8k\nuse_cpu: true\nbf16: false\n"
     (folder / "unknown_key.yaml").write_text(recipe + "learning_rat: 1.0e-5\n")
+    (folder / "on_a_gpu.yaml").write_text(
+        f"model_name_or_path: {tag_prone_dir}\ndataset_name: parallel_gsm8k_sample\n"
+    )
     (folder / "not_yaml.yaml").write_text("model_name_or_path: [unclosed\n")
     (folder / "old_key.yaml").write_text(
         f"model_name_or_path: {tag_prone_dir}\noutput_dir: out\nmax_completion_tokens: 5\n"
@@ -43,7 +46,11 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
     grpo = ["--config", str(GRPO), "--model_name_or_path", model, "--output_dir", str(folder / "out")]
     sft = ["--config", str(SFT), "--model_name_or_path", model, "--output_dir", str(folder / "out")]
     return [
-        ("sft", ["--config", str(folder / "unknown_key.yaml")], "error: Unknown arguments from config file: ['--learning_rat'"),
+        ("sft", ["--config", str(folder / "unknown_key.yaml")],
+         f"error: recipe {folder / 'unknown_key.yaml'}: unknown setting learning_rat (did you mean learning_rate?)"),
+        ("sft", [*sft, "--learning_rte", "1e-5"], "error: unknown flag --learning_rte (did you mean --learning_rate?)"),
+        ("sft", [*sft, "--dataset_name", "gsm8kk"], ("error: unknown data source 'gsm8kk'", "did you mean gsm8k?")),
+        ("sft", [*sft, "--dataset_name", str(folder / "none.jsonl")], "error: data file not found"),
         ("sft", ["--config", str(folder / "not_yaml.yaml")], f"error: recipe {folder / 'not_yaml.yaml'} is not valid YAML: while parsing a flow sequence"),
         ("sft", ["--config", str(folder / "none.yaml")], f"error: recipe {folder / 'none.yaml'} does not exist"),
         ("sft", ["--config", str(SFT), "--config", str(SFT)], "error: --config is given 2 times"),
@@ -52,7 +59,7 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
         ("sft", [f"--config={SFT}", "--model_name_or_path", model, "--accelerator_config", str(folder / "none.json")], "error: [Errno 2] No such file or directory:"),
         ("grpo", [*grpo, "--min_paths", "two"], "error: argument --min_paths/--min-paths: invalid int value: 'two' (see --help)"),
         ("grpo", [*grpo, "--attention", "sideways"], "error: argument --attention: invalid choice: 'sideways'"),
-        ("grpo", [*grpo, "--num_pathz", "3"], "error: Some specified arguments are not used by the HfArgumentParser: ['--num_pathz', '3']"),
+        ("grpo", [*grpo, "--num_pathz", "3"], "error: unknown flag --num_pathz (did you mean --"),
         ("grpo", [*grpo, "--rollout_mode", "plain"], "error: rollout_mode='plain' samples plain causal text"),
         ("grpo", [*grpo, "--rollout_mode", "trl"], "error: rollout_mode: 'trl' is now called 'plain'"),
         ("grpo", [*grpo, "--num_paths", "3"], "error: num_paths is now called min_paths and max_paths (both K for K paths a block)"),
@@ -76,7 +83,7 @@ def rows(folder: Path, model: str) -> list[tuple[str, list[str], str | tuple[str
         ("evaluate", ["--config", str(ROOT / "recipes/tiny/eval.yaml"), "--model_name_or_path", model,
                       "--benchmarks", "gsm8k"], "error: benchmark 'gsm8k' must be written name@k"),
         ("generate_cold_start", ["--config", str(ROOT / "recipes/tiny/cold_start.yaml"), "--teacher", "x"],
-         "error: Some specified arguments are not used by the HfArgumentParser"),
+         "error: unknown flag --teacher"),
         ("generate_cold_start", ["--config", str(ROOT / "recipes/tiny/cold_start.yaml"), "--max_problems", "3"],
          "error: max_problems is now called max_train_samples"),
         ("generate_cold_start", ["--config", str(folder / "old_cold_start.yaml")],
@@ -178,3 +185,139 @@ def test_a_model_name_neither_here_nor_reachable_is_one_line(tmp_path, offline):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: model outputs/no-such-model-dir is not a local folder, and ")
     assert ("HF_HUB_OFFLINE" in line) and ("cache" in line)
+
+
+# --------------------------------------------------------------------------- the newcomer's path (issue 43)
+
+MISSING_TRACKER = [  # (what a command line gives, the one line it ends with); neither package is installed here
+    (["--report_to", "wandb"], "error: report_to wandb needs the wandb package, which is not installed: pip install wandb"),
+    (["--report_to", "none", "tensorboard"],
+     "error: report_to tensorboard needs the tensorboard package, which is not installed: pip install tensorboard"),
+    (["--report_to=wandb"], "error: report_to wandb needs the wandb package, which is not installed: pip install wandb"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("arguments, expected", MISSING_TRACKER)
+def test_a_tracker_that_is_not_installed_is_one_line_before_the_parse(tmp_path, arguments, expected):
+    import importlib.util
+
+    assert importlib.util.find_spec("wandb") is None and importlib.util.find_spec("tensorboard") is None
+    command = [sys.executable, "-X", "importtime", str(ROOT / "scripts/sft.py"), "--config", str(SFT),
+               "--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"), *arguments]  # fmt: skip
+    result = run_script(command, tmp_path)
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    assert "parallel_r1.cli" in imported and not {"torch", "trl", "transformers"} & imported
+    said = [line for line in result.stderr.splitlines() if not line.startswith("import time")]
+    assert result.returncode == 2 and said == [expected]
+
+
+def test_trackers_are_read_from_the_recipe_too_and_trackio_names_the_extra(tmp_path, monkeypatch):
+    from parallel_r1.cli import check_trackers
+
+    monkeypatch.setitem(sys.modules, "trackio", None)  # installed here: made unimportable
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("report_to: [trackio]\n")
+    with pytest.raises(ValueError) as raised:
+        check_trackers(["--config", str(recipe)])
+    assert str(raised.value) == (
+        'report_to trackio needs the trackio package, which is not installed: pip install "parallel_r1[tracking]" '
+        "(make install brings it)"
+    )
+    for fine in (["--config", str(recipe), "--report_to", "none"], ["--report_to", "all"], []):
+        check_trackers(fine)  # none, or whatever is installed, or nothing named
+    (tmp_path / "one.yaml").write_text("report_to: wandb\n")  # a name, not a list (recipes are read once a process)
+    with pytest.raises(ValueError, match="pip install wandb"):
+        check_trackers(["--config", str(tmp_path / "one.yaml")])
+
+
+@pytest.mark.parametrize("offline", ["0", "1"])
+def test_the_smollm2_recipe_offline_names_make_real_model(tmp_path, offline):
+    """The first command docs/real-model.md gives, on a machine without the Hub and without the converted model."""
+    command = [sys.executable, str(ROOT / "scripts/sft.py"), "--config",
+               str(ROOT / "recipes/SmolLM2-135M-Instruct/sft/unseen.yaml"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: model HuggingFaceTB/SmolLM2-135M-Instruct is not a local folder, and ")
+    assert "make real-model" in line and "--model_name_or_path" in line
+
+
+def test_a_recipes_output_folder_not_yet_written_names_the_stage_that_writes_it(tmp_path):
+    """The GRPO recipe run before SFT, in a clone with no outputs/ folder: no Hub advice, the folder and its stage."""
+    command = [sys.executable, str(ROOT / "scripts/grpo.py"), "--config",
+               str(ROOT / "recipes/SmolLM2-135M-Instruct/grpo/unseen_s2.yaml"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: model folder outputs/SmolLM2-135M-Instruct-Parallel-SFT-Unseen does not exist: it is the output_dir "
+        "of recipes/SmolLM2-135M-Instruct/sft/unseen.yaml (scripts/sft.py): run that stage first"
+    ]
+
+
+def test_a_misspelt_dataset_is_refused_by_the_parse_before_any_model_loads(inputs):
+    from parallel_r1.configs import grpo_parser, sft_parser
+
+    folder, model = inputs
+    for parser, recipe, typo in ((sft_parser, SFT, "parallel_gsm8k_sampel"), (grpo_parser, GRPO, "gsm8kk")):
+        arguments = ["--config", str(recipe), "--model_name_or_path", model, "--dataset_name", typo]
+        with pytest.raises(ValueError, match=f"unknown data source '{typo}'.*did you mean"):
+            parser().parse_args_and_config(arguments)
+
+
+@pytest.mark.parametrize("script", ["sft", "grpo"])
+def test_a_missing_data_file_is_said_before_the_model_loads(inputs, capsys, monkeypatch, script):
+    import parallel_r1.training
+
+    folder, model = inputs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data")
+
+    monkeypatch.setattr(parallel_r1.training, "load_model", refuse)
+    recipe = {"sft": SFT, "grpo": GRPO}[script]
+    monkeypatch.setattr(sys, "argv", [f"scripts/{script}.py", "--config", str(recipe), "--model_name_or_path", model,
+                                      "--output_dir", str(folder / "out"), "--dataset_name", str(folder / "none.jsonl")])  # fmt: skip
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(str(ROOT / "scripts" / f"{script}.py"), run_name="__main__")
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: data file not found: {folder / 'none.jsonl'}"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="bf16 is supported on this machine's GPU")
+def test_a_recipe_without_bf16_false_on_a_cpu_names_it(inputs):
+    from parallel_r1.configs import grpo_parser, sft_parser
+
+    folder, _ = inputs
+    for parser in (sft_parser, grpo_parser):
+        with pytest.raises(ValueError) as raised:
+            parser().parse_args_and_config(["--config", str(folder / "on_a_gpu.yaml"), "--dataset_name", "gsm8k"])
+        assert "bf16: false" in str(raised.value) and "use_cpu" not in str(raised.value)
+
+
+def test_a_shortened_grpo_run_generates_no_more_than_it_trains(caplog):
+    """TRL generates steps_per_generation micro-batches at once; the SmolLM2 recipe's 16 are two optimizer steps."""
+    from parallel_r1.configs import grpo_parser
+
+    recipe = ["--config", str(ROOT / "recipes/SmolLM2-135M-Instruct/grpo/unseen_s2.yaml")]
+    _, full, _ = grpo_parser().parse_args_and_config(recipe)
+    assert full.steps_per_generation == 16 and full.generation_batch_size == 128
+    _, short, _ = grpo_parser().parse_args_and_config([*recipe, "--max_steps", "1"])
+    assert short.steps_per_generation == 8 and short.generation_batch_size == 64  # one optimizer step's micro-batches
+    assert "steps_per_generation 16 is lowered to 8" in caplog.text
+
+
+@pytest.mark.slow  # measured: about 30 s (two processes import torch and TRL)
+def test_a_two_process_launch_says_the_line_once(tmp_path, tag_prone_dir, free_port):
+    """Each process meets the same bad setting; only the main one says it (the others wait to be stopped). What
+    remains is accelerate's: with -q, torch's launcher report of the failed processes (no traceback)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--config_file",
+               str(ROOT / "accelerate_configs/cpu.yaml"), "--multi_gpu", "--num_processes", "2", "--main_process_port",
+               str(free_port()), str(ROOT / "scripts/grpo.py"), "--config", str(GRPO), "--output_dir",
+               str(tmp_path / "out"), "--model_name_or_path", str(tag_prone_dir), "--max_paths", "two"]  # fmt: skip
+    result = run_script(command, tmp_path)
+    assert result.returncode == 1
+    said = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert said == ["error: argument --max_paths/--max-paths: invalid int value: 'two' (see --help)"], result.stderr
+    assert "Traceback" not in result.stderr

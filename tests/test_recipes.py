@@ -258,3 +258,38 @@ def test_the_papers_teacher_recipe_is_the_papers_pipeline():
         "Qwen/Qwen3-4B-Base", 4096, "parallel")  # fmt: skip
     assert config.require_well_formed and config.require_final_answer and config.drop_reasoning
     assert "vllm serve deepseek-ai/DeepSeek-R1-0528-Qwen3-8B --data-parallel-size 8" in path.read_text()
+
+
+BUDGETS = ("max_blocks", "max_path_tokens", "max_summary_tokens", "max_completion_length")
+
+
+def test_an_sft_recipe_records_the_budgets_its_later_stages_sample_with():
+    """What an SFT run records in its model (`exact_rollout`: generation and the model card's evaluation command
+    sample with it) is what the GRPO recipes that start from its output, and the evaluation recipes of their
+    outputs, use. A later stage's model is matched to an earlier stage's output_dir by its last part (the Qwen3
+    recipes name a Hub copy, `<you>/...`)."""
+    from parallel_r1.rollout.arguments import exact_rollout
+
+    def budgets(settings):
+        return {name: getattr(settings, name) for name in BUDGETS}
+
+    def stem(name):
+        return Path(name).name
+
+    grpo = {path: yaml.safe_load(path.read_text()) for path in STAGES["grpo"][0]}
+    evals = {path: yaml.safe_load(path.read_text()) for path in EVAL}
+    pairs = 0
+    for path in STAGES["sft"][0]:
+        _, sft_args, _ = parse("sft", path)
+        recorded = budgets(exact_rollout(sft_args))
+        for grpo_path, grpo_recipe in grpo.items():
+            if stem(grpo_recipe["model_name_or_path"]) != stem(sft_args.output_dir):
+                continue
+            _, grpo_args, _ = parse("grpo", grpo_path)
+            assert budgets(grpo_args) == recorded, (path.relative_to(RECIPES), grpo_path.relative_to(RECIPES))
+            pairs += 1
+            for eval_path, eval_recipe in evals.items():
+                if stem(eval_recipe["model_name_or_path"]) == stem(grpo_args.output_dir):
+                    assert {k: eval_recipe[k] for k in BUDGETS} == recorded, eval_path.relative_to(RECIPES)
+                    pairs += 1
+    assert pairs >= 8  # SmolLM2 (GRPO, eval), tiny (GRPO, eval), demo (GRPO, eval), Qwen3 and Llama GRPO

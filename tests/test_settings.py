@@ -16,7 +16,7 @@ from parallel_r1.data import DataArguments, SFTDataArguments
 from parallel_r1.evaluation.config import EvaluationConfig
 from parallel_r1.model_settings import read_settings
 from parallel_r1.rollout import ParallelArguments, RecordedRolloutArguments, RolloutArguments
-from parallel_r1.rollout.arguments import SamplingArguments, VLLMArguments
+from parallel_r1.rollout.arguments import RolloutBudgets, SamplingArguments, VLLMArguments
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [f.name for f in dataclasses.fields(RolloutArguments)]
@@ -26,6 +26,12 @@ OWNER = {
 }
 OWNER.update(
     dict.fromkeys(("attention", "min_paths", "max_paths"), "parallel_r1/rollout/arguments.py:ParallelArguments")
+)
+OWNER.update(
+    dict.fromkeys(
+        ("max_blocks", "max_path_tokens", "max_summary_tokens", "max_completion_length"),
+        "parallel_r1/rollout/arguments.py:RolloutBudgets",
+    )
 )
 OWNER["prompt_template"] = "parallel_r1/data/arguments.py:PromptArguments"
 OWNER.update(
@@ -66,6 +72,7 @@ def test_the_dataset_fields_are_trls_own(name):
 def test_the_configs_inherit_the_settings_or_their_unset_variant():
     generate = runpy.run_path(str(ROOT / "scripts" / "generate.py"))["GenerateArguments"]
     assert issubclass(ParallelGRPOConfig, RolloutArguments) and issubclass(ParallelSFTConfig, ParallelArguments)
+    assert issubclass(ParallelSFTConfig, RolloutBudgets)  # what an SFT run records for the stages after it
     assert issubclass(EvaluationConfig, RecordedRolloutArguments) and issubclass(generate, RecordedRolloutArguments)
     assert all(issubclass(c, SamplingArguments) for c in (EvaluationConfig, ColdStartConfig, generate))
     assert issubclass(EvaluationConfig, VLLMArguments) and issubclass(ColdStartConfig, VLLMArguments)

@@ -17,6 +17,7 @@ override one side of it. Anything missing or empty fails at load, naming the col
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
 from collections import Counter
 from pathlib import Path
@@ -125,6 +126,21 @@ def trace_problem(response: str) -> str | None:
 # --------------------------------------------------------------------------- reading
 
 
+def check_source(source: str) -> None:
+    """Refuse a name that is neither a shipped set, a data file (one that is missing is refused when it is read),
+    nor of the form owner/name (a Hub id or a local dataset folder), naming the nearest shipped set: `DataArguments`
+    checks its `dataset_name` so, at the parse, before any model loads."""
+    path = Path(source)
+    if source in SHIPPED or path.suffix in FILE_BUILDERS or path.is_file():
+        return
+    if "/" not in source:
+        nearest = difflib.get_close_matches(source, SHIPPED, n=1)
+        raise ValueError(
+            f"unknown data source {source!r}{f' (did you mean {nearest[0]}?)' if nearest else ''}: not a shipped set "
+            f"({', '.join(SHIPPED)}), not a {'/'.join(FILE_BUILDERS)} file, not a Hub id of the form owner/name"
+        )
+
+
 def read_source(source: str, split: str = "train", config: str | None = None) -> Dataset:
     """The raw rows of a source (see the module docstring), before any mapping."""
     from datasets import load_dataset
@@ -134,14 +150,10 @@ def read_source(source: str, split: str = "train", config: str | None = None) ->
         if split not in files:
             raise ValueError(f"shipped set {source!r} has no split {split!r}; its splits: {', '.join(files)}")
         return load_dataset("json", data_files=str(DATA_DIR / files[split]), split="train")
+    check_source(source)
     path = Path(source)
     if path.suffix in FILE_BUILDERS or path.is_file():
         return _read_file(path)
-    if "/" not in source:
-        raise ValueError(
-            f"unknown data source {source!r}: not a shipped set ({', '.join(SHIPPED)}), "
-            f"not a {'/'.join(FILE_BUILDERS)} file, not a Hub id of the form owner/name"
-        )
     return load_dataset(source, config or HUB_DEFAULT_CONFIGS.get(source), split=split)
 
 

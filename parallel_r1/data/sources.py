@@ -26,6 +26,9 @@ class DataArguments(ScriptArguments, ColumnArguments):
     def __post_init__(self):
         if not self.dataset_name:
             raise ValueError("dataset_name is required: a shipped set, a local .jsonl/.json/.parquet file or a Hub id")
+        from .loaders import check_source  # a misspelt name fails at the parse, before any model loads
+
+        check_source(self.dataset_name)
         if self.dataset_streaming:
             raise ValueError("dataset_streaming is not supported: every row is read and checked before training")
         if self.max_train_samples is not None and self.max_train_samples < 1:

@@ -2,8 +2,9 @@
 
 - `ParallelArguments`: the prompt template (`data.arguments.PromptArguments`, which the cold start shares), the
   attention variant and the paths a block may have (SFT's config inherits them);
-- `RolloutArguments`: those plus the rollout: mode, block limit and token budgets (GRPO's config inherits
-  them, the engine reads them, a trained model records them: `parallel_r1.model_settings`);
+- `RolloutArguments`: those plus the rollout: mode, and the block limit and token budgets (`RolloutBudgets`, which
+  SFT's config inherits too, to record them). GRPO's config inherits them, the engine reads them, a trained model
+  records them (`parallel_r1.model_settings`);
 - `RecordedRolloutArguments`: the same fields, derived, each None until filled from what the model recorded
   (evaluation's and generation's arguments inherit it);
 - `SamplingArguments` and `VLLMArguments`: how tokens are drawn, and the offline vLLM engine's options, outside
@@ -70,7 +71,24 @@ class ParallelArguments(PromptArguments):
 
 @document_parameters
 @dataclass(kw_only=True)
-class RolloutArguments(ParallelArguments):
+class RolloutBudgets:
+    """A rollout's block limit and token budgets. GRPO samples with them; an SFT run records them in its model
+    (`exact_rollout`), so that what samples that model next (generation, an evaluation, its card's command) uses the
+    budgets of the stages after it."""
+
+    max_blocks: int = field(
+        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
+    )
+    max_path_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per path before it is closed."})
+    max_summary_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per summary before it is closed."})
+    max_completion_length: int = field(
+        default=3000, metadata={"help": "Tokens per completion, inserted tags included."}
+    )
+
+
+@document_parameters
+@dataclass(kw_only=True)
+class RolloutArguments(RolloutBudgets, ParallelArguments):
     """How completions are sampled: with the fork-join engine (`fork`, `sequential`) or one plain decode."""
 
     rollout_mode: RolloutMode = field(
@@ -81,14 +99,6 @@ class RolloutArguments(ParallelArguments):
             "exactly); 'plain': one decode with no engine and no tag grammar (TRL's own generation in GRPO): "
             "sequential baselines and models without the tags.",
         },
-    )
-    max_blocks: int = field(
-        default=4, metadata={"help": "Blocks per completion; after the last one <Parallel> is banned (tag grammar)."}
-    )
-    max_path_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per path before it is closed."})
-    max_summary_tokens: int = field(default=3000, metadata={"help": "Sampled tokens per summary before it is closed."})
-    max_completion_length: int = field(
-        default=3000, metadata={"help": "Tokens per completion, inserted tags included."}
     )
     summary_temperature: float | None = field(
         default=None,
