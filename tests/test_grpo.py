@@ -516,7 +516,7 @@ def test_a_failure_of_the_main_process_in_server_mode_is_raised_on_every_process
 
     from parallel_r1.trainers import grpo
 
-    def failing(backend, prompts):
+    def failing(backend, prompts, progress):
         raise RuntimeError("server gone")
 
     def trainer(main: bool):
@@ -525,7 +525,7 @@ def test_a_failure_of_the_main_process_in_server_mode_is_raised_on_every_process
             policy=SimpleNamespace(rollouts=failing, ban_words=dict, backend=lambda *a, **k: None),
             vllm_generation=SimpleNamespace(vllm_client=None),
             args=SimpleNamespace(min_paths=2, rollout_mode="fork", generation_batch_size=8),
-            _sampler=lambda build: None, _sampling=lambda: None,
+            _sampler=lambda build: None, _sampling=lambda: None, _bar=False,
         )  # fmt: skip
 
     monkeypatch.setattr(grpo, "gather_object", lambda objects: [[[1]], [[2]]])
@@ -559,12 +559,12 @@ def test_server_rollouts_are_sized_to_a_generation_and_shared_back_by_what_each_
         trainer = SimpleNamespace(
             accelerator=SimpleNamespace(is_main_process=True, process_index=1),
             policy=SimpleNamespace(
-                rollouts=lambda backend, prompts: [p + [9] for p in prompts], ban_words=dict,
+                rollouts=lambda backend, prompts, progress: [p + [9] for p in prompts], ban_words=dict,
                 backend=lambda *a, **k: built.append(k["max_concurrent_requests"]),
             ),
             vllm_generation=SimpleNamespace(vllm_client=None),
             args=SimpleNamespace(min_paths=2, rollout_mode="fork", generation_batch_size=batch),
-            _sampler=lambda build: build(), _sampling=lambda: None,
+            _sampler=lambda build: build(), _sampling=lambda: None, _bar=False,
         )  # fmt: skip
         assert ParallelGRPOTrainer._rollouts_on_main_process(trainer, [[4]]) == [[4, 9]]
         assert built[-1] == expected

@@ -167,7 +167,9 @@ def check_steps(steps: list, ids: list, tied: bool, peft: bool) -> None:
             keep = torch.ones(step.shape[0], dtype=torch.bool)
             keep[rows] = False
             step, other = step[keep], other[keep]
-        torch.testing.assert_close(other, step, rtol=1e-4, atol=1e-6)  # 1e-3 of a step: noise of tiny gradients
+        # 1% of a step (learning rates of 1e-3 and 3e-3): Adam divides a tiny gradient's rounding noise by the
+        # gradient's own size, and the rounding differs by CPU (one of 8,192 entries 2.6e-6 apart on one machine)
+        torch.testing.assert_close(other, step, rtol=1e-4, atol=1e-5)
     assert holders == (1 if tied or peft else 2)
 
 
