@@ -47,8 +47,9 @@ def test_the_trackio_dashboard_of_a_grpo_run_shows_its_parallel_metrics(quick_de
         assert plot.locator(".plot-title").inner_text() == "ratio"
         screenshot(page, "trackio.png")
         assert {"grpo", "grpo-plain"} <= set(plot.locator(".legend-label").all_inner_texts())
+        plot.scroll_into_view_if_needed()  # the dashboard draws a plot's controls once it is on screen
         with page.expect_download() as download:
-            plot.get_by_title("Download this plot's data as a CSV file").click()
+            plot.locator('button[title^="Download this plot"][title$="data as a CSV file"]').click()
         rows = list(csv.DictReader(Path(download.value.path()).open()))
         assert [float(row[metric]) for row in rows if row["run"] == "grpo"] == pytest.approx(logged)
     assert outside == [] and refused(tmp_path / "network") == []
