@@ -33,7 +33,7 @@ def exit_with_error(message: str) -> None:
     """Print `error: message` and exit with code 2. Launched on several processes, each meets the same mistake: the
     main one (RANK 0) says it, and the others first wait `RANK_WAIT_S`, silent, for the launcher to stop them once
     the main one has exited; one still running then met a mistake of its own, and says it."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if os.environ.get("RANK", "0").strip() not in ("", "0"):
         time.sleep(RANK_WAIT_S)
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,12 +95,10 @@ def refuse_renamed_settings(args: list[str], recipe: str | None, renamed_keys: d
 def bf16_named(config):
     """Around TRL's `__post_init__`: where it refuses bf16 (on by default in TRL's configs) because no GPU here
     computes in bfloat16, the line names the setting to change (transformers' own names `use_cpu`)."""
-    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
-
     try:
         yield
-    except ValueError:
-        if config.bf16 and not config.use_cpu and not (is_torch_bf16_gpu_available() or is_torch_xla_available()):
+    except ValueError as error:
+        if "doesn't support bf16" in str(error):  # transformers' own refusal, and no other error
             raise ValueError(
                 "bf16 (on unless a recipe turns it off) needs a GPU that computes in bfloat16, and this machine has "
                 "none: add `bf16: false` to the recipe (or --bf16 false) to train in float32"
@@ -254,8 +253,17 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig, TagRateArguments):
             "extra no-grad forward per generation when the old log-probs are not computed anyway."
         },
     )
+    viewer_completions: int = field(
+        default=256,
+        metadata={
+            "help": "With log_completions, the completions of each generation shown on its rollout viewer page "
+            "(completions_<step>.html, its first whole groups; TRL's table keeps them all); 0 writes no page."
+        },
+    )
 
     def __post_init__(self):
+        if self.viewer_completions < 0:
+            raise ValueError(f"viewer_completions must be 0 (no page) or more, got {self.viewer_completions}")
         with bf16_named(self):
             GRPOConfig.__post_init__(self)
         self._generate_no_more_than_trained()
@@ -295,29 +303,26 @@ class ParallelGRPOConfig(RolloutArguments, GRPOConfig, TagRateArguments):
         """TRL generates `steps_per_generation` micro-batches at once and trains on one a micro-step; `max_steps`
         optimizer steps train `max_steps x gradient_accumulation_steps` of them. A run shorter than one generation
         (the SmolLM2 recipe's 16 with `--max_steps 1`, which trains 8) would generate completions it never trains
-        on: steps_per_generation is lowered to what the run trains, with a warning (a batch of the same size, fewer
-        groups), and refused where that leaves a partial group."""
+        on: steps_per_generation is lowered, with a warning, to the fewest micro-batches that cover what is trained
+        and hold whole groups of `num_generations` (a batch of the same size)."""
         trained = self.max_steps * self.gradient_accumulation_steps
         if self.max_steps <= 0 or self.steps_per_generation <= trained:
             return
         per_micro_batch = self.generation_batch_size // self.steps_per_generation
-        if per_micro_batch * trained % self.num_generations:
-            raise ValueError(
-                f"max_steps={self.max_steps} trains {trained} micro-batches of the {self.steps_per_generation} "
-                f"a generation holds (steps_per_generation), and {trained} micro-batches of {per_micro_batch} "
-                f"completions do not hold whole groups of num_generations={self.num_generations}: raise max_steps "
-                "or set steps_per_generation"
-            )
+        unit = self.num_generations // math.gcd(per_micro_batch, self.num_generations)  # micro-batches a whole group
+        lowered = -(-trained // unit) * unit
+        if lowered >= self.steps_per_generation:
+            return
         logger.warning(
             "steps_per_generation %d is lowered to %d: max_steps=%d x gradient_accumulation_steps=%d trains %d "
             "micro-batches, and the rest of a generation would never be trained on",
             self.steps_per_generation,
-            trained,
+            lowered,
             self.max_steps,
             self.gradient_accumulation_steps,
             trained,
         )
-        self.steps_per_generation, self.generation_batch_size = trained, per_micro_batch * trained
+        self.steps_per_generation, self.generation_batch_size = lowered, per_micro_batch * lowered
 
     def _refuse_unreproducible_sampling(self) -> None:
         """Sampling options that reshape the distribution in ways the training forward does not repeat."""

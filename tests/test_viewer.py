@@ -109,13 +109,17 @@ def test_the_command_refuses_a_missing_or_malformed_file_in_one_line(tmp_path, c
     assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "viewer.html").exists()
 
 
-@pytest.mark.slow  # imports torch (the evaluation package): about 10 s on a busy CPU
-def test_python_m_runs_the_command_and_a_bad_flag_is_one_line(tmp_path):
+def test_python_m_runs_the_command_without_torch_and_a_bad_flag_is_one_line(tmp_path):
     command = [sys.executable, "-m", "parallel_r1.evaluation.viewer", str(tmp_path / "none.jsonl"), "--bad"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr == "error: unrecognized arguments: --bad (see --help)\n"
-    done = subprocess.run(command[:-1], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr == f"error: {tmp_path / 'none.jsonl'} does not exist\n"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *command[1:-1]], cwd=ROOT, capture_output=True, text=True
+    )
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time")]
+    assert done.returncode == 2 and said == [f"error: {tmp_path / 'none.jsonl'} does not exist"]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "parallel_r1.answers" in imported and not {"torch", "transformers"} & imported  # starts at once
 
 
 def test_the_command_refuses_a_directory(tmp_path):
@@ -147,8 +151,27 @@ def test_grpo_writes_a_page_beside_each_completions_table(tmp_path, tag_prone_di
     assert [v["label"] for v in shown] == [f"problem {i // 4} · sample {i % 4}" for i in range(count)]
     texts = [str(c) for c in trainer._logs["completion"]]
     assert all(v["prompt"].startswith("user: ") and any(p in v["prompt"] for p in PROBLEMS) for v in shown)
-    assert {v["facts"]["reference"] for v in shown} <= set(ANSWERS)
+    answers = dict(zip(PROBLEMS, ANSWERS))  # each completion's reference is its own prompt's answer (kept in step)
+    assert all(v["facts"]["reference"] == next(a for p, a in answers.items() if p in v["prompt"]) for v in shown)
     assert all(isinstance(v["correct"], bool) and v["tokens_total"] >= v["tokens_critical"] > 0 for v in shown)
     assert all(set(v["facts"]) == {"reference", "advantage", "length_reward"} for v in shown)
     # the completions keep their tags: the tag-prone model opens blocks, and the page shows their paths
     assert any(v["blocks"] for v in shown) and any("<Path>" in text for text in texts)
+
+
+def test_a_grpo_page_shows_the_first_whole_groups_up_to_viewer_completions():
+    """A generation of 3 groups of 4: a cap of 6 shows the first group only (whole groups), 12 or more all."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from parallel_r1.trainers.rollout_viewer import RolloutViewer
+
+    logs = {"prompt": [f"p{i // 4}" for i in range(12)], "completion": [f"Final Answer: {i}" for i in range(12)],
+            "advantages": [0.0] * 12, "rewards": {"r": [1.0] * 12}}  # fmt: skip
+    for cap, shown in ((6, 4), (12, 12), (100, 12)):
+        viewer = RolloutViewer.__new__(RolloutViewer)
+        viewer.trainer = SimpleNamespace(_logs=logs, args=SimpleNamespace(viewer_completions=cap))
+        viewer.kept = deque({"reference": str(i), "blocks": 0} for i in range(12))
+        records = viewer.records(num_generations=4)
+        assert [r["completion"] for r in records] == logs["completion"][:shown]
+        assert all(r["correct"] for r in records)  # each kept in step with its own completion

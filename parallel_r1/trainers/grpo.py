@@ -152,7 +152,8 @@ class ParallelGRPOTrainer(ModelCardMixin, TagRateMixin, GRPOTrainer):
         self._resumed_engine_rng = None  # a checkpoint's engine stream, applied at the next generation
         if args.parallel_eval_steps > 0:
             self.add_callback(InTrainingEvaluation(self))
-        self._rollout_viewer = RolloutViewer(self) if args.log_completions else None  # a page beside each table
+        viewer = args.log_completions and args.viewer_completions > 0
+        self._rollout_viewer = RolloutViewer(self) if viewer else None  # a page beside each completions table
         if self._rollout_viewer is not None:
             self.add_callback(self._rollout_viewer)
         self._generations = self._generations_shown = 0  # generations made, and the last whose completions printed

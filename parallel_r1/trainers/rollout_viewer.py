@@ -7,6 +7,8 @@ and what it keeps of each after every generation, gathered in TRL's order: the r
 and the shape of the sampled ids (`ParallelPolicy.shape`: blocks, T, D). The answer and its correctness
 (`answers.is_correct`, when there is a reference) are read when the page is written, on the main process. TRL's
 rows come in groups of `num_generations` samples of one prompt: a completion is labelled by its group and sample.
+A page shows a generation's first whole groups, up to `viewer_completions` (a big generation's page would be tens of
+megabytes, and each completion is checked while the other processes wait); `viewer_completions: 0` writes none.
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ class RolloutViewer(TrainerCallback):
             write_viewer(self.records(args.num_generations), path, f"{args.output_dir}, step {state.global_step}")
 
     def records(self, num_generations: int) -> list:
-        """The last generation's completions as viewer records."""
+        """The last generation's completions as viewer records: its first whole groups, up to `viewer_completions`
+        (each is checked against its reference, on the main process, while the others wait)."""
         logs = self.trainer._logs
         count = min(len(logs["completion"]), len(self.kept))
         columns = {"prompt": logs["prompt"], "completion": logs["completion"], "advantage": logs["advantages"]}
         columns = {name: list(values)[-count:] for name, values in columns.items()}
         rewards = {name: list(values)[-count:] for name, values in logs["rewards"].items()}
         records = []
-        for i, kept in enumerate(list(self.kept)[-count:]):
+        shown = max(num_generations, self.trainer.args.viewer_completions // num_generations * num_generations)
+        for i, kept in enumerate(list(self.kept)[-count:][:shown]):
             text = completion_text(columns["completion"][i])
             reference = None if kept["reference"] is None else extract_reference(kept["reference"])
             records.append(
