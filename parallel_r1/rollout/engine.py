@@ -49,7 +49,7 @@ from ..tags.grammar import Grammar, SampledPhase
 from ..tags.language import PARALLEL_CLOSE, PATH_CLOSE, PATH_OPEN, SUMMARY_CLOSE, SUMMARY_OPEN, TagVocab
 from ..tags.tokens import tag_vocab
 from .arguments import ENGINE_MODES, RolloutArguments
-from .backend import Backend, Decoded, Finish, Room, Segment
+from .backend import Backend, Decoded, Finish, Room, Sampling, Segment
 
 SEPARATOR = "\n"  # inserted between </Parallel> and <Summary>
 EnginePhase = Literal[SampledPhase, "done"]  # a completion's phase: one the model samples in, or over
@@ -100,6 +100,8 @@ class Rollout:
 class _State:
     rollout: Rollout
     stream: object
+    cap: int  # the completion's length cap
+    sampling: Sampling | None = None  # its own sampling (None: the backend's)
     phase: EnginePhase = "main"
     parent: object = None  # fork: the stream through the block's <Parallel>
     children: list = field(default_factory=list)  # fork: the block's paths so far
@@ -115,7 +117,53 @@ class _State:
         self.children, self.decoding, self.waiting, self.results = [], [], [], {}
 
 
-class ForkJoinEngine:
+class _Engine:
+    """What every engine shares: `generate` over a `ContinuousBatch`, and submitting and ending completions. A
+    subclass says what each phase asks the backend (`_segments`) and does with what it returns (`_advance`)."""
+
+    backend: Backend
+    schedule: Literal["per_completion", "rounds"] = "per_completion"
+    max_completion_length: int
+
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int] | None = None, progress: bool = False
+    ) -> list[Rollout]:
+        """One rollout per prompt. `seeds[i]`: completion i's random stream (default: drawn by the backend), so a
+        completion is the same whatever else is in the call."""
+        batch = ContinuousBatch(self)
+        bar = tqdm(total=len(prompts), desc="rollouts", unit="completion", disable=not progress, leave=False)
+        try:
+            rollouts = batch.add(prompts, seeds)
+            while batch:
+                bar.update(len(batch.step()))
+        finally:  # after an error too: the backend keeps nothing of this call
+            batch.cancel_all()
+            bar.close()
+        return rollouts
+
+    def _finish(self, state: _State) -> None:
+        self.backend.release(state.stream)
+        state.release()
+
+    def _launch(self, states: list[_State], owners: dict) -> None:
+        """Submit the segments of each state's current phase, all in one call (the backend makes room at once)."""
+        segments = []
+        for state in states:
+            state.waiting, state.results = self._segments(state), {}
+            for segment in state.waiting:
+                owners[segment] = state
+            segments += state.waiting
+        if segments:
+            self.backend.submit(segments)
+
+    def _segments(self, state: _State) -> list[Segment]:
+        raise NotImplementedError
+
+    def _advance(self, state: _State, results: list[Decoded]) -> None:
+        raise NotImplementedError
+
+
+class ForkJoinEngine(_Engine):
     """Rollouts of `config` on `backend`, sampled under `grammar` (the policy's: `ParallelPolicy.grammar`, the one
     the training forward re-applies). `schedule`: "per_completion" (each completion moves to its next phase
     as soon as its own segments end) or "rounds" (every completion waits until all the segments of the batch have
@@ -134,6 +182,7 @@ class ForkJoinEngine:
         if schedule not in ("per_completion", "rounds"):
             raise ValueError(f"schedule must be 'per_completion' or 'rounds', got {schedule!r}")
         self.backend, self.config, self.schedule = backend, config, schedule
+        self.max_completion_length = config.max_completion_length
         self.tag = tokens.vocab.ids
         self.grammar = grammar
         self.separator = list(tokens.separator_ids)
@@ -146,60 +195,12 @@ class ForkJoinEngine:
             "summary": self._after_summary,
         }
 
-    def generate(
-        self, prompts: list[list[int]], seeds: list[int] | None = None, progress: bool = False
-    ) -> list[Rollout]:
-        """One rollout per prompt. `seeds[i]`: completion i's random stream (default: drawn by the backend), so a
-        completion is the same whatever else is in the call."""
-        states = [_State(Rollout(list(p)), s) for p, s in zip(prompts, self.backend.start(prompts, seeds))]
-        bar = tqdm(total=len(states), desc="rollouts", unit="completion", disable=not progress, leave=False)
-        owners: dict[Segment, _State] = {}
-        held: list[_State] = []  # rounds: completions whose next segments wait for the round to end
-        try:
-            self._launch(states, owners)
-            while owners:
-                ready = []  # completions whose segments all ended in this step
-                for segment, decoded in self.backend.step():
-                    state = owners.pop(segment)
-                    state.results[segment] = decoded
-                    if len(state.results) < len(state.waiting):
-                        continue  # the block's other paths are still being decoded
-                    self._advance(state, [state.results[s] for s in state.waiting])
-                    if state.phase == "done":
-                        self._finish(state)
-                        bar.update()
-                    else:
-                        (held if self.schedule == "rounds" else ready).append(state)
-                self._launch(ready, owners)
-                if not owners:
-                    self._launch(held, owners)
-                    held = []
-        finally:  # after an error too: the backend keeps nothing of this call
-            for state in states:
-                if state.stream is not None:
-                    self._finish(state)
-            bar.close()
-        return [s.rollout for s in states]
-
-    def _finish(self, state: _State) -> None:
-        self.backend.release(state.stream)
-        state.release()
-
-    def _launch(self, states: list[_State], owners: dict) -> None:
-        """Submit the segments of each state's current phase, all in one call (the backend makes room at once)."""
-        segments = []
-        for state in states:
-            state.waiting, state.results = self._segments(state), {}
-            for segment in state.waiting:
-                owners[segment] = state
-            segments += state.waiting
-        if segments:
-            self.backend.submit(segments)
-
     # -- what each phase asks the backend
-    def _segment(self, stream, phase: SampledPhase, blocks: int, max_new: int, closer: int | None = None) -> Segment:
-        """Decode `stream` in `phase`: the grammar's allowed tags stop it, its allowed EOS ends it, the rest is banned;
-        a summary samples at `summary_temperature` when one is set."""
+    def _segment(self, state: _State, stream, phase: SampledPhase, max_new: int, closer: int | None = None) -> Segment:
+        """Decode `stream` of `state`'s completion in `phase`: the grammar's allowed tags stop it, its allowed EOS ends
+        it, the rest is banned; it is drawn with the completion's sampling, a summary at `summary_temperature` when
+        one is set."""
+        blocks = state.rollout.blocks
         allowed = self.grammar.allowed(phase, blocks)
         eos = self.grammar.eos_ids
         return Segment(
@@ -210,34 +211,35 @@ class ForkJoinEngine:
             closer=closer,
             banned=self.grammar.banned(phase, blocks),
             only=self.grammar.only(phase),
+            sampling=state.sampling,
             temperature=self.config.summary_temperature if phase == "summary" else None,
         )
 
     def _segments(self, state: _State) -> list[Segment]:
         cfg, rollout = self.config, state.rollout
-        room = cfg.max_completion_length - len(rollout.completion_ids)
+        room = state.cap - len(rollout.completion_ids)
         if state.phase == "main":
-            return [self._segment(state.stream, "main", rollout.blocks, room)]
+            return [self._segment(state, state.stream, "main", room)]
         if state.phase == "path":
             budget = max(1, min(cfg.max_path_tokens, room - 1))
             streams = state.decoding if self.fork else [state.stream]
-            segments = [self._segment(s, "path", rollout.blocks, budget, self.tag[PATH_CLOSE]) for s in streams]
+            segments = [self._segment(state, s, "path", budget, self.tag[PATH_CLOSE]) for s in streams]
             if len(segments) > 1 and len(segments) * (budget + 2) >= room:  # the paths may overflow the cap
                 shared = Room(room, openers=1, produced=[0] * len(segments))
                 for place, segment in enumerate(segments):
                     segment.room, segment.place = shared, place
             return segments
         if state.phase == "decide":
-            return [self._segment(state.decision_stream, "decide", rollout.blocks, 1)]
+            return [self._segment(state, state.decision_stream, "decide", 1)]
         budget = max(1, min(cfg.max_summary_tokens, room - 1))
-        return [self._segment(state.stream, "summary", rollout.blocks, budget, self.tag[SUMMARY_CLOSE])]
+        return [self._segment(state, state.stream, "summary", budget, self.tag[SUMMARY_CLOSE])]
 
     # -- what each phase does with the result
     def _advance(self, state: _State, results: list[Decoded]) -> None:
         self._after[state.phase](state, results)
         rollout = state.rollout
-        if state.phase != "done" and len(rollout.completion_ids) >= self.config.max_completion_length:
-            cap = self.config.max_completion_length
+        if state.phase != "done" and len(rollout.completion_ids) >= state.cap:
+            cap = state.cap
             del rollout.completion_ids[cap:], rollout.logprobs[cap:], rollout.env_mask[cap:]
             state.phase, rollout.finish = "done", "length"
 
@@ -322,6 +324,107 @@ class ForkJoinEngine:
         rollout.env_mask += [0] * len(ids)
 
 
+class PlainEngine(_Engine):
+    """One plain decode per completion on `backend`, no grammar and no structure, until one of `eos_ids` or
+    `max_completion_length` tokens: how a model trained without the engine is sampled (`rollout_mode: plain`), in a
+    `ContinuousBatch` like the fork-join engine's."""
+
+    def __init__(self, backend: Backend, max_completion_length: int, eos_ids):
+        self.backend, self.max_completion_length, self.eos_ids = backend, max_completion_length, frozenset(eos_ids)
+
+    def _segments(self, state: _State) -> list[Segment]:
+        room = state.cap - len(state.rollout.completion_ids)
+        return [Segment(state.stream, max_new=room, end_ids=self.eos_ids, sampling=state.sampling)]
+
+    def _advance(self, state: _State, results: list[Decoded]) -> None:
+        (decoded,) = results
+        ForkJoinEngine._record(state.rollout, decoded)
+        state.phase, state.rollout.finish = "done", "eos" if decoded.finish == "eos" else "length"
+
+
+class ContinuousBatch:
+    """Completions of one engine decoded together, each joining and leaving between any two steps (continuous
+    batching): `add` starts completions, `step` advances all of them by one backend step and returns those that
+    ended in it, `cancel` stops one and frees what the backend holds for it. Under the "rounds" schedule a
+    completion's next phase waits until every running segment has ended."""
+
+    def __init__(self, engine: ForkJoinEngine | PlainEngine):
+        self.engine = engine
+        self._owners: dict[Segment, _State] = {}  # each running segment's completion
+        self._held: list[_State] = []  # rounds: completions whose next segments wait for the round to end
+        self._live: dict[int, _State] = {}  # id(rollout) -> its completion, until it ends or is cancelled
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int] | None = None,
+        cap: int | None = None,
+        sampling: Sampling | None = None,
+    ) -> list[Rollout]:
+        """Start one completion per prompt; return their rollouts, which fill as they are decoded. `seeds` as in
+        `ForkJoinEngine.generate`; `cap`: their length cap, at most the settings' `max_completion_length` (the
+        default); `sampling`: how they are drawn, in place of the backend's."""
+        limit = self.engine.max_completion_length
+        if cap is not None and not 1 <= cap <= limit:
+            raise ValueError(f"a completion's cap must be between 1 and max_completion_length ({limit}), got {cap}")
+        streams = self.engine.backend.start(prompts, seeds)
+        states = [_State(Rollout(list(p)), s, cap or limit, sampling) for p, s in zip(prompts, streams)]
+        for state in states:
+            self._live[id(state.rollout)] = state
+        self.engine._launch(states, self._owners)
+        return [state.rollout for state in states]
+
+    def step(self) -> list[Rollout]:
+        """One backend step; the rollouts that ended in it."""
+        engine, ready, ended = self.engine, [], []  # ready: completions whose segments all ended in this step
+        for segment, decoded in engine.backend.step():
+            state = self._owners.pop(segment, None)
+            if state is None:
+                continue  # its completion was cancelled
+            state.results[segment] = decoded
+            if len(state.results) < len(state.waiting):
+                continue  # the block's other paths are still being decoded
+            engine._advance(state, [state.results[s] for s in state.waiting])
+            if state.phase == "done":
+                self._end(state)
+                ended.append(state.rollout)
+            else:
+                (self._held if engine.schedule == "rounds" else ready).append(state)
+        engine._launch(ready, self._owners)
+        if not self._owners:
+            engine._launch(self._held, self._owners)
+            self._held = []
+        return ended
+
+    def running(self, rollout: Rollout) -> bool:
+        """Whether `rollout`'s completion is still being decoded."""
+        return id(rollout) in self._live
+
+    def cancel(self, rollout: Rollout) -> None:
+        """Stop `rollout`'s completion where it is (it keeps what it has) and free what the backend holds for it;
+        nothing for one that has ended."""
+        state = self._live.get(id(rollout))
+        if state is not None:
+            self._end(state)
+
+    def cancel_all(self) -> None:
+        for state in list(self._live.values()):
+            self._end(state)
+
+    def _end(self, state: _State) -> None:
+        del self._live[id(state.rollout)]
+        for segment in state.waiting:
+            self._owners.pop(segment, None)
+        self._held = [held for held in self._held if held is not state]
+        self.engine._finish(state)
+
+
 def plain_decode(
     backend: Backend,
     prompts: list[list[int]],
@@ -359,20 +462,3 @@ def plain_decode(
     finally:  # after an error, or a caller that stops early: the backend keeps nothing of this call
         for segment in running:
             backend.release(segment.stream)
-
-
-def plain_rollouts(
-    backend: Backend,
-    prompts: list[list[int]],
-    max_new: int,
-    eos_ids,
-    seeds: list[int] | None = None,
-    progress: bool = False,
-) -> list[Rollout]:
-    """`plain_decode`'s rollouts, in the order of the prompts; `progress` shows a bar of the completions ended."""
-    rollouts = {}
-    with tqdm(total=len(prompts), desc="rollouts", unit="completion", disable=not progress, leave=False) as bar:
-        for i, rollout in plain_decode(backend, prompts, max_new, eos_ids, seeds):
-            rollouts[i] = rollout
-            bar.update()
-    return [rollouts[i] for i in range(len(prompts))]

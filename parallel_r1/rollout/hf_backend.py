@@ -29,6 +29,7 @@ shares its forwards.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -133,12 +134,6 @@ class TransformersBackend:
         self.generator = torch.Generator()  # draws each call's completion seeds
         if sampling.seed is not None:
             self.generator.manual_seed(sampling.seed)
-        warpers = []  # after the temperature, which each segment may set (`_choose`)
-        if sampling.top_k > 0:
-            warpers.append(TopKLogitsWarper(sampling.top_k))
-        if sampling.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(sampling.top_p))
-        self.warpers = LogitsProcessorList(warpers)
         self._pool_ref = None  # weak: the pool lives as long as a stream refers to one of its rows
         self._reads: list[_Read] = []
         self._active: dict[Segment, Decoded] = {}
@@ -363,7 +358,9 @@ class TransformersBackend:
         return visible
 
     def _choose(self, logits: torch.Tensor, segments: list[Segment]):
-        """The next token of each row (greedy, or the exponential race with its stream's noise) and its log-prob."""
+        """The next token of each row and its log-prob: greedy (the raw logits' argmax) or the exponential race with
+        its stream's noise over the probabilities warped as its segment is drawn (`Sampling.of`: temperature, then
+        top-k and top-p), rows of different samplings side by side."""
         logits = logits.float().clone()
         for row, segment in enumerate(segments):
             if segment.only is not None:
@@ -373,15 +370,29 @@ class TransformersBackend:
                 logits[row, kept] = allowed
             elif segment.banned:
                 logits[row, list(segment.banned)] = float("-inf")
-        if self.sampling.temperature == 0:
-            tokens, scores = logits.argmax(-1), logits
-        else:
-            temperatures = torch.tensor([self.sampling.temperature_of(s) for s in segments], device=logits.device)
-            scores = self.warpers(None, logits / temperatures[:, None])
-            probs = torch.softmax(scores, -1)
-            tokens = (probs / _noise(probs, segments)).argmax(-1)
+        drawn = [self.sampling.of(segment) for segment in segments]
+        tokens, scores = logits.argmax(-1), logits.clone()
+        warps: dict[tuple, list[int]] = {}  # (temperature, top-k, top-p) -> the rows drawn so
+        for row, how in enumerate(drawn):
+            if how.temperature > 0:
+                warps.setdefault((how.temperature, how.top_k, how.top_p), []).append(row)
+        for (temperature, top_k, top_p), rows in warps.items():
+            scores[rows] = _warpers(top_k, top_p)(None, logits[rows] / temperature)
+            probs = torch.softmax(scores[rows], -1)
+            tokens[rows] = (probs / _noise(probs, [segments[row] for row in rows])).argmax(-1)
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens.tolist(), logprobs.tolist()
+
+
+@functools.cache
+def _warpers(top_k: int, top_p: float) -> LogitsProcessorList:
+    """transformers' top-k and top-p warpers (after the temperature), each only when it cuts something."""
+    warpers = []
+    if top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    return LogitsProcessorList(warpers)
 
 
 def _noise(probs: torch.Tensor, segments: list[Segment]) -> torch.Tensor:

@@ -287,10 +287,11 @@ class VLLMBackend:
 
     def _request(self, segment: Segment) -> dict:
         """The sampling parameters of one segment, as vLLM names them."""
+        drawn = self.sampling.of(segment)
         params = {
-            "temperature": self.sampling.temperature_of(segment),
-            "top_p": self.sampling.top_p,
-            "top_k": self.sampling.top_k if self.sampling.top_k > 0 else 0,
+            "temperature": drawn.temperature,
+            "top_p": drawn.top_p,
+            "top_k": drawn.top_k,
             "max_tokens": segment.max_new,
             "stop_token_ids": sorted(segment.stop_ids | segment.end_ids),
             "logprobs": 0,

@@ -1,0 +1,382 @@
+"""Serving (`scripts/serve.py`, `parallel_r1.serving`): the official `openai` client against a server on localhost,
+the scheduler's continuous batching, and every bad input and fault the API answers."""
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from parallel_r1.model_settings import write_settings
+from parallel_r1.rollout import RolloutArguments
+from parallel_r1.testing.vllm_server import parallel_r1_server
+
+SETTINGS = {"max_path_tokens": 12, "max_summary_tokens": 6, "max_completion_length": 3000}
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def served_model(tag_prone_dir, tmp_path_factory):
+    """The tag-prone tiny model with its rollout recorded (fork, 2 paths, short paths and summaries)."""
+    import shutil
+
+    model = tmp_path_factory.mktemp("served") / "tiny-parallel"
+    shutil.copytree(tag_prone_dir, model)
+    write_settings(str(model), RolloutArguments(**SETTINGS))
+    return model
+
+
+@pytest.fixture(scope="module")
+def endless_model(served_model, tmp_path_factory):
+    """The served model with its EOS pinned far below every other token: each completion runs to its cap."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from parallel_r1.testing.tiny import pin_logits
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(served_model), AutoTokenizer.from_pretrained(served_model)
+    pin_logits(model, {tokenizer.eos_token_id: -100.0})
+    folder = tmp_path_factory.mktemp("endless") / "tiny-parallel"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_settings(str(folder), RolloutArguments(**SETTINGS))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(served_model, tmp_path_factory):
+    """`scripts/serve.py` on the tiny model: 8 completions at once, 32 requests may wait."""
+    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
+    with parallel_r1_server(served_model, "--max_running", "8", "--max_waiting", "32", log=log) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+
+
+def chat(client, **request):
+    return client.chat.completions.create(model="tiny-parallel", messages=QUESTION, **request)
+
+
+def test_the_openai_client_lists_the_model_and_gets_tagged_completions_with_their_structure(
+    client, server, served_model
+):
+    from transformers import AutoTokenizer
+
+    from parallel_r1.data import build_prompt, prompt_ids
+    from parallel_r1.tags.language import TAGS
+
+    assert [model.id for model in client.models.list()] == ["tiny-parallel"]
+    assert httpx.get(f"{server}/health").json() == {"status": "ok", "running": 0, "waiting": 0}
+    answer = chat(client, seed=1, n=4, max_tokens=120, extra_body={"return_structure": True})
+    assert len(answer.choices) == 4 and answer.model == "tiny-parallel"
+    with_block = [c for c in answer.choices if "<Parallel>" in c.message.content]
+    assert with_block, "the tag-prone model opens a block in some of 4 completions"
+    for choice in answer.choices:
+        structure = choice.model_extra["parallel"]
+        blocks = structure["blocks"]
+        assert len(blocks) == choice.message.content.count("<Parallel>")
+        for block in blocks:
+            assert len(block["paths"]) == 2 if block["closed"] else len(block["paths"]) <= 2  # min == max paths: 2
+            assert all(path in choice.message.content and not any(t in path for t in TAGS) for path in block["paths"])
+        assert choice.finish_reason in ("stop", "length")
+        assert all(block["closed"] for block in blocks) or choice.finish_reason == "length"  # cut only by the cap
+    # the chat prompt is the model's recorded template around the user's turn, as generate.py and evaluation build it
+    tokenizer = AutoTokenizer.from_pretrained(served_model)
+    expected = len(prompt_ids(tokenizer, build_prompt(QUESTION[0]["content"], "parallel")))
+    assert answer.usage.prompt_tokens == expected
+    text = client.completions.create(model="tiny-parallel", prompt="2 + 3 =", max_tokens=5, seed=0)
+    assert text.choices[0].finish_reason in ("stop", "length") and text.usage.completion_tokens <= 5
+    assert text.usage.prompt_tokens == len(tokenizer.encode("2 + 3 =", add_special_tokens=False))
+
+
+def test_a_seeded_completion_is_the_same_alone_streamed_and_under_32_concurrent_clients(client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    request = {"seed": 7, "n": 2, "max_tokens": 150, "temperature": 0.9}
+    alone = [c.message.content for c in chat(client, **request).choices]
+    assert alone[0] != alone[1], "the n completions of one request draw from streams of their own"
+
+    streamed = ["", ""]
+    finishes = {}
+    chunks = 0
+    for chunk in chat(client, stream=True, **request):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+        chunks += 1
+    assert streamed == alone and set(finishes) == {0, 1}
+    assert chunks > 4, "a completion is streamed as it grows, not in one piece"
+
+    def one(i: int):
+        if i == 13:
+            return [c.message.content for c in chat(client, **request).choices]
+        return chat(client, seed=100 + i, n=1, max_tokens=150).choices[0].message.content
+
+    with ThreadPoolExecutor(32) as pool:
+        under_load = list(pool.map(one, range(32)))
+    assert under_load[13] == alone
+    assert len(set(map(str, under_load))) > 16, "the other clients' seeds give other completions"
+
+
+def test_a_stop_string_ends_the_completion_where_it_first_appears(client):
+    full = chat(client, seed=3, max_tokens=400).choices[0].message.content
+    assert "<Summary>" in full, "seed 3 opens a block (pick another seed if the tiny model changes)"
+    stopped = chat(client, seed=3, max_tokens=400, stop=["<Summary>", "never there"]).choices[0]
+    assert stopped.message.content == full[: full.index("<Summary>")] and stopped.finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat(client, seed=3, max_tokens=400,
+                                                                       stop="<Summary>", stream=True) if c.choices)  # fmt: skip
+    assert streamed == stopped.message.content
+
+
+def test_bad_requests_get_an_openai_error_naming_the_field_and_the_server_goes_on(client, server):
+    def error_of(response: httpx.Response) -> dict:
+        return response.json()["error"]
+
+    malformed = httpx.post(f"{server}/v1/chat/completions", content=b'{"model": "tiny-parallel", "messages": [',
+                           headers={"content-type": "application/json"})  # fmt: skip
+    assert malformed.status_code == 400 and "not valid JSON" in error_of(malformed)["message"]
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model="gpt-4o", messages=QUESTION)
+    assert unknown.value.body["param"] == "model" and unknown.value.body["code"] == "model_not_found"
+    cases = {
+        "temperature": {"temperature": -1.0},
+        "top_p": {"top_p": 0.0},
+        "max_tokens": {"max_tokens": 0},
+        "n": {"n": 9},  # more than the server decodes at once
+        "stop": {"stop": ["a", "b", "c", "d", "e"]},
+        "logprobs": {"logprobs": True},  # what we do not sample is refused, not ignored
+    }
+    for param, request in cases.items():
+        with pytest.raises(openai.BadRequestError) as bad:
+            chat(client, **request)
+        assert bad.value.body["param"] == param and bad.value.body["type"] == "invalid_request_error", param
+    with pytest.raises(openai.BadRequestError) as long:
+        client.completions.create(model="tiny-parallel", prompt=[5] * 5000, max_tokens=4)
+    assert long.value.body["param"] == "prompt" and long.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as ids:
+        client.completions.create(model="tiny-parallel", prompt=[10**6], max_tokens=4)
+    assert ids.value.body["param"] == "prompt"
+    assert chat(client, seed=0, max_tokens=8).choices[0].finish_reason in ("stop", "length")
+
+
+def wait_until_idle(server: str, timeout: float = 10) -> float:
+    began = time.monotonic()
+    while httpx.get(f"{server}/health").json()["running"]:
+        assert time.monotonic() - began < timeout, "the server kept decoding for a client that left"
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def test_a_client_that_leaves_frees_its_completions(endless_model, tmp_path):
+    long = {"seed": 11, "max_tokens": 3000, "n": 4}  # a minute or more to the end
+    with parallel_r1_server(endless_model, log=tmp_path / "serve.log") as (server, _):
+        leave_mid_stream(server, long)
+        assert wait_until_idle(server) < 3.0
+        quick = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=0.3)
+        with pytest.raises(openai.APITimeoutError):
+            chat(quick, **long)
+        assert wait_until_idle(server) < 3.0
+        answer = chat(openai.OpenAI(base_url=f"{server}/v1", api_key="none"), seed=1, max_tokens=50)
+        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 50
+
+
+def leave_mid_stream(server: str, request: dict) -> None:
+    """Start a streamed request, read up to its first text, and close the connection."""
+    with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=60,
+                      json={"model": "tiny-parallel", "messages": QUESTION, "stream": True, **request}) as response:  # fmt: skip
+        lines = response.iter_lines()  # held: a dropped iterator would close the connection now
+        for line in lines:  # up to the first text: the completions are decoding
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("delta", {}).get("content"):
+                break
+        assert httpx.get(f"{server}/health").json()["running"] == request["n"]
+
+
+def test_past_the_queue_a_request_gets_429_and_the_others_are_answered(client, server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int):
+        try:
+            return chat(client, seed=i, max_tokens=200).choices[0].finish_reason
+        except openai.RateLimitError as error:
+            assert error.body["type"] == "rate_limit_error"
+            return 429
+
+    with ThreadPoolExecutor(64) as pool:  # 32 may wait (and 8 decode once started): the rest are refused
+        answers = list(pool.map(one, range(64)))
+    assert answers.count(429) >= 1 and sum(a in ("stop", "length") for a in answers) == 64 - answers.count(429) >= 32
+    wait_until_idle(server)
+
+
+def test_sigterm_drains_the_requests_in_flight_then_exits(endless_model, tmp_path):
+    with parallel_r1_server(endless_model, log=tmp_path / "serve.log") as (url, process):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        answers = []
+        asking = threading.Thread(target=lambda: answers.append(chat(client, seed=5, n=2, max_tokens=3000)))
+        asking.start()
+        while httpx.get(f"{url}/health").json()["running"] < 2:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.HTTPError):  # draining: no new request is taken
+            httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny-parallel", "messages": QUESTION}, timeout=5)
+        asking.join(timeout=120)
+        assert process.wait(timeout=60) == -signal.SIGTERM  # uvicorn re-raises the signal once it has drained
+    (answer,) = answers
+    assert [(c.finish_reason, len(c.message.content) > 0) for c in answer.choices] == [("length", True)] * 2
+    assert answer.usage.completion_tokens == 2 * 3000
+
+
+# ---------------------------------------------------------------------------------------------------- the scheduler
+
+
+@pytest.fixture(scope="module")
+def policy_and_backend(served_model):
+    from parallel_r1.sampling import ParallelSampler
+
+    sampler = ParallelSampler(str(served_model), temperature=1.0, seed=0)
+    return sampler.policy, sampler.backend
+
+
+@pytest.mark.parametrize("mode", ["fork", "plain"])
+def test_requests_joining_a_running_batch_get_what_they_get_alone(served_model, mode):
+    """Continuous batching: a request that arrives while others decode gets the completions it gets alone."""
+    from parallel_r1.data import build_prompt, prompt_ids
+    from parallel_r1.policy import ParallelPolicy, load_for_sampling
+    from parallel_r1.rollout import Sampling
+    from parallel_r1.rollout.hf_backend import TransformersBackend
+    from parallel_r1.serving import Job, Scheduler
+
+    policy = ParallelPolicy.from_pretrained(str(served_model), rollout_mode=mode if mode == "plain" else None,
+                                            max_completion_length=120)  # fmt: skip
+    model = load_for_sampling(str(served_model), device="cpu")
+    prompts = [prompt_ids(policy.tokenizer, build_prompt(q, "parallel")) for q in ["1 + 1?", "7 * 6?", "Name it."]]
+    sampling = Sampling(temperature=0.8, top_p=0.9)
+    alone = [policy.engine(TransformersBackend(model, sampling)).generate([p], [seed])[0] for seed, p in
+             enumerate(prompts)]  # fmt: skip
+
+    scheduler = Scheduler(policy.engine(TransformersBackend(model, Sampling())), policy.tokenizer.decode, 4, 8)
+    done, updates = threading.Event(), {}
+
+    def listener(seed):
+        def hear(update):
+            updates.setdefault(seed, []).append(update)
+            if len(updates) == 3 and all(u[-1].finish for u in updates.values()):
+                done.set()
+
+        return hear
+
+    scheduler.start()
+    for seed, prompt in enumerate(prompts):  # each arrives while the earlier ones decode
+        scheduler.submit(Job(prompt, listener(seed), seeds=[seed], sampling=sampling))
+        time.sleep(0.05)
+    assert done.wait(60)
+    scheduler.drain(10)
+    for seed, rollout in enumerate(alone):
+        final = updates[seed][-1]
+        assert list(final.completion_ids) == rollout.completion_ids
+        assert final.finish == ("stop" if rollout.finish == "eos" else "length")
+        assert [len(u.completion_ids) for u in updates[seed]] == sorted({len(u.completion_ids) for u in updates[seed]})
+
+
+def test_the_scheduler_refuses_past_its_queue_and_after_drain(policy_and_backend):
+    from parallel_r1.serving import Busy, Closed, Job, Scheduler
+
+    policy, backend = policy_and_backend
+    scheduler = Scheduler(policy.engine(backend), policy.tokenizer.decode, max_running=2, max_waiting=1)
+    prompt = policy.tokenizer.encode("2 + 2", add_special_tokens=False)
+    with pytest.raises(ValueError, match="n=3"):
+        scheduler.submit(Job(prompt, print, n=3))
+    scheduler.submit(Job(prompt, lambda u: None, n=2))  # not started yet: it waits
+    with pytest.raises(Busy):
+        scheduler.submit(Job(prompt, lambda u: None))
+    scheduler.start()
+    scheduler.drain(60)
+    assert scheduler.running() == 0 and scheduler.waiting() == 0
+    with pytest.raises(Closed):
+        scheduler.submit(Job(prompt, lambda u: None))
+
+
+def test_a_structure_is_read_from_the_ids(policy_and_backend):
+    from parallel_r1.serving import structure
+
+    policy, _ = policy_and_backend
+    tokenizer = policy.tokenizer
+    text = "Let me see.<Parallel><Path>2 + 3 = 5</Path><Path>3 + 2 = 5</Path></Parallel>\n<Summary>5</Summary>"
+    text += "Final Answer: 5"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert structure(policy, ids, text) == {
+        "blocks": [{"paths": ["2 + 3 = 5", "3 + 2 = 5"], "summary": "5", "closed": True}],
+        "answer": "5",
+        "well_formed": True,
+        "format_errors": [],
+    }
+    spelled = tokenizer.encode("<", add_special_tokens=False) + tokenizer.encode("Parallel>", add_special_tokens=False)
+    assert structure(policy, spelled, "<Parallel>")["blocks"] == []  # a tag spelled in ordinary tokens is text
+
+
+# ---------------------------------------------------------------------------------------------------- vLLM, SmolLM2
+
+
+def same_alone_and_under_load(client, model: str, clients: int = 32, **request) -> tuple[list, list]:
+    """The completions of `request` alone, and again as one of `clients` concurrent requests (the others seeded
+    otherwise)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(seed: int) -> list:
+        answer = client.chat.completions.create(model=model, messages=QUESTION, **{**request, "seed": seed})
+        return [choice.message.content for choice in answer.choices]
+
+    alone = ask(request["seed"])
+    with ThreadPoolExecutor(clients) as pool:
+        loaded = list(pool.map(ask, [request["seed"] if i == clients // 2 else 1000 + i for i in range(clients)]))
+    return alone, loaded[clients // 2]
+
+
+@pytest.mark.slow  # measured: about 60 s (the engine's start)
+@pytest.mark.vllm
+def test_the_vllm_backend_serves_the_same_seeded_completion_alone_and_under_32_clients(served_model, tmp_path):
+    flags = ["--backend", "vllm", "--vllm_enforce_eager", "true", "--vllm_max_model_length", "1024"]
+    with parallel_r1_server(served_model, *flags, log=tmp_path / "serve.log") as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        alone, loaded = same_alone_and_under_load(client, "tiny-parallel", seed=7, n=2, max_tokens=150)
+        assert alone == loaded and any("<Parallel>" in text for text in alone)
+        streamed = ["", ""]
+        for chunk in client.chat.completions.create(model="tiny-parallel", messages=QUESTION, seed=7, n=2,
+                                                    max_tokens=150, stream=True):  # fmt: skip
+            for choice in chunk.choices:
+                streamed[choice.index] += choice.delta.content or ""
+        assert streamed == alone
+
+
+@pytest.mark.slow  # measured: about 40 s
+def test_the_real_model_answers_the_openai_client(real_model_dir, tmp_path):
+    """SmolLM2-135M-Instruct as it is: served plain (it has no tags until the cold start teaches them), its chat
+    turn as the user wrote it (`prompt_template: none`)."""
+    flags = ["--rollout_mode", "plain", "--prompt_template", "none", "--served_model_name", "smollm2",
+             "--max_completion_length", "64"]  # fmt: skip
+    with parallel_r1_server(real_model_dir, *flags, log=tmp_path / "serve.log") as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        answer = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0
+        )
+        assert "Paris" in answer.choices[0].message.content
+        alone, loaded = same_alone_and_under_load(client, "smollm2", clients=8, seed=3, max_tokens=32)
+        assert alone == loaded
+
+
+@pytest.mark.slow  # measured: about 30 s
+def test_a_short_soak_with_clients_that_leave_and_bad_requests_loses_nothing():
+    """The soak drill for 15 s (docs/serving.md has the 10-minute run): every request answered as expected."""
+    from parallel_r1.testing.drills.soak import run_soak
+
+    result = run_soak(seconds=15, clients=8, seed=1)
+    kinds = {kind for kind, _ in (key for key in result["counts"] if isinstance(key, tuple))}
+    assert result["failures"] == 0, result["counts"]
+    assert result["alive"] and result["health"]["running"] == result["health"]["waiting"] == 0
+    assert {"good", "leave_stream", "bad_json"} <= kinds
