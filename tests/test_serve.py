@@ -150,6 +150,7 @@ def test_bad_requests_get_an_openai_error_naming_the_field_and_the_server_goes_o
         "max_tokens": {"max_tokens": 0},
         "n": {"n": 9},  # more than the server decodes at once
         "stop": {"stop": ["a", "b", "c", "d", "e"]},
+        "seed": {"seed": 2**64},
         "logprobs": {"logprobs": True},  # what we do not sample is refused, not ignored
     }
     for param, request in cases.items():
@@ -380,3 +381,35 @@ def test_a_short_soak_with_clients_that_leave_and_bad_requests_loses_nothing():
     assert result["failures"] == 0, result["counts"]
     assert result["alive"] and result["health"]["running"] == result["health"]["waiting"] == 0
     assert {"good", "leave_stream", "bad_json"} <= kinds
+
+
+def test_a_failed_step_fails_the_requests_it_was_decoding_and_the_scheduler_goes_on(policy_and_backend):
+    from parallel_r1.serving import Job, Scheduler
+
+    policy, backend = policy_and_backend
+
+    class Flaky:  # the real backend, whose third step fails once
+        def __init__(self, inner):
+            self.inner, self.steps = inner, 0
+
+        def step(self):
+            self.steps += 1
+            if self.steps == 3:
+                raise RuntimeError("the device fell over")
+            return self.inner.step()
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    scheduler = Scheduler(policy.engine(Flaky(backend)), policy.tokenizer.decode, max_running=4).start()
+    prompt = policy.tokenizer.encode("2 + 2", add_special_tokens=False)
+    first, second = [], []
+    scheduler.submit(Job(prompt, first.append, n=2, seeds=[1, 2], cap=60))
+    deadline = time.monotonic() + 60
+    while sum(u.finish is not None for u in first) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [u.finish for u in first if u.finish] == ["error", "error"]
+    assert "the device fell over" in first[-1].error and scheduler.running() == 0
+    scheduler.submit(Job(prompt, second.append, seeds=[1], cap=60))
+    scheduler.drain(60)
+    assert second[-1].finish in ("stop", "length") and second[-1].error is None

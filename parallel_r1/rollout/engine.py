@@ -156,6 +156,18 @@ class _Engine:
         if segments:
             self.backend.submit(segments)
 
+    @staticmethod
+    def _record(rollout: Rollout, decoded: Decoded) -> None:
+        rollout.completion_ids += decoded.tokens
+        rollout.logprobs += decoded.logprobs
+        rollout.env_mask += [int(s) for s in decoded.sampled]
+
+    @staticmethod
+    def _insert(rollout: Rollout, ids: list[int]) -> None:
+        rollout.completion_ids += ids
+        rollout.logprobs += [0.0] * len(ids)
+        rollout.env_mask += [0] * len(ids)
+
     def _segments(self, state: _State) -> list[Segment]:
         raise NotImplementedError
 
@@ -311,18 +323,6 @@ class ForkJoinEngine(_Engine):
         self._record(state.rollout, decoded)
         state.phase = "main"
 
-    @staticmethod
-    def _record(rollout: Rollout, decoded: Decoded) -> None:
-        rollout.completion_ids += decoded.tokens
-        rollout.logprobs += decoded.logprobs
-        rollout.env_mask += [int(s) for s in decoded.sampled]
-
-    @staticmethod
-    def _insert(rollout: Rollout, ids: list[int]) -> None:
-        rollout.completion_ids += ids
-        rollout.logprobs += [0.0] * len(ids)
-        rollout.env_mask += [0] * len(ids)
-
 
 class PlainEngine(_Engine):
     """One plain decode per completion on `backend`, no grammar and no structure, until one of `eos_ids` or
@@ -338,7 +338,7 @@ class PlainEngine(_Engine):
 
     def _advance(self, state: _State, results: list[Decoded]) -> None:
         (decoded,) = results
-        ForkJoinEngine._record(state.rollout, decoded)
+        self._record(state.rollout, decoded)
         state.phase, state.rollout.finish = "done", "eos" if decoded.finish == "eos" else "length"
 
 
@@ -368,7 +368,7 @@ class ContinuousBatch:
         sampling: Sampling | None = None,
     ) -> list[Rollout]:
         """Start one completion per prompt; return their rollouts, which fill as they are decoded. `seeds` as in
-        `ForkJoinEngine.generate`; `cap`: their length cap, at most the settings' `max_completion_length` (the
+        `generate`; `cap`: their length cap, at most the settings' `max_completion_length` (the
         default); `sampling`: how they are drawn, in place of the backend's."""
         limit = self.engine.max_completion_length
         if cap is not None and not 1 <= cap <= limit:

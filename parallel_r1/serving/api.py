@@ -54,7 +54,7 @@ class _Request(BaseModel):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what torch's generator takes
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict | None = None

@@ -146,11 +146,10 @@ class Scheduler:
                 continue
             try:
                 self.batch.step()
+                self._report()
             except Exception as error:  # a failed step fails what it was decoding, not the server
                 logger.exception("a decoding step failed")
                 self._fail_running(f"decoding failed: {type(error).__name__}: {error}")
-                continue
-            self._report()
 
     def _read_inbox(self, block: bool) -> None:
         try:
