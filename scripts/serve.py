@@ -70,20 +70,23 @@ def main() -> None:
     (args,) = ArgumentParser(ServeArguments).parse_args_into_dataclasses()
     import uvicorn
 
-    from parallel_r1.sampling import ParallelSampler
+    from parallel_r1.cli import check_model_path
+    from parallel_r1.policy import ParallelPolicy
+    from parallel_r1.rollout.arguments import SamplingArguments
     from parallel_r1.serving import Scheduler, Served, context_length, create_app
 
+    check_model_path(args.model_name_or_path)
     overrides = {f.name: getattr(args, f.name) for f in fields(RecordedRolloutArguments)}
-    sampler = ParallelSampler(
-        args.model_name_or_path, temperature=args.temperature, top_p=args.top_p, seed=args.seed, backend=args,
-        **overrides,
-    )  # fmt: skip
-    policy = sampler.policy
-    scheduler = Scheduler(
-        policy.engine(sampler.backend),
-        lambda ids: policy.tokenizer.decode(list(ids), skip_special_tokens=True),
-        max_running=args.max_running, max_waiting=args.max_waiting, seed=args.seed,
-    )  # fmt: skip
+    sampling = SamplingArguments(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    policy = ParallelPolicy.from_pretrained(args.model_name_or_path, sampling=sampling, **overrides)
+
+    def engine():  # built in the scheduler's thread, which alone decodes
+        return policy.engine(policy.open_backend(args.model_name_or_path, args, policy.sampling(args.seed)))
+
+    def decode(ids) -> str:  # the tags kept
+        return policy.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    scheduler = Scheduler(engine, decode, args.max_running, args.max_waiting, args.seed).start()
     name = args.served_model_name or Path(args.model_name_or_path.rstrip("/")).name
     served = Served(policy, scheduler, name, policy.sampling(args.seed), context_length(args.model_name_or_path, args))
     print(

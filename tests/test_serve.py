@@ -214,11 +214,12 @@ def test_past_the_queue_a_request_gets_429_and_the_others_are_answered(client, s
     wait_until_idle(server)
 
 
+@pytest.mark.slow  # measured: about 12 s
 def test_sigterm_drains_the_requests_in_flight_then_exits(endless_model, tmp_path):
     with parallel_r1_server(endless_model, log=tmp_path / "serve.log") as (url, process):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         answers = []
-        asking = threading.Thread(target=lambda: answers.append(chat(client, seed=5, n=2, max_tokens=3000)))
+        asking = threading.Thread(target=lambda: answers.append(chat(client, seed=5, n=2, max_tokens=800)))
         asking.start()
         while httpx.get(f"{url}/health").json()["running"] < 2:
             time.sleep(0.05)
@@ -230,7 +231,7 @@ def test_sigterm_drains_the_requests_in_flight_then_exits(endless_model, tmp_pat
         assert process.wait(timeout=60) == -signal.SIGTERM  # uvicorn re-raises the signal once it has drained
     (answer,) = answers
     assert [(c.finish_reason, len(c.message.content) > 0) for c in answer.choices] == [("length", True)] * 2
-    assert answer.usage.completion_tokens == 2 * 3000
+    assert answer.usage.completion_tokens == 2 * 800
 
 
 # ---------------------------------------------------------------------------------------------------- the scheduler
@@ -261,7 +262,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(served_model, 
     alone = [policy.engine(TransformersBackend(model, sampling)).generate([p], [seed])[0] for seed, p in
              enumerate(prompts)]  # fmt: skip
 
-    scheduler = Scheduler(policy.engine(TransformersBackend(model, Sampling())), policy.tokenizer.decode, 4, 8)
+    scheduler = Scheduler(lambda: policy.engine(TransformersBackend(model, Sampling())), policy.tokenizer.decode, 4, 8)
     done, updates = threading.Event(), {}
 
     def listener(seed):
@@ -289,7 +290,7 @@ def test_the_scheduler_refuses_past_its_queue_and_after_drain(policy_and_backend
     from parallel_r1.serving import Busy, Closed, Job, Scheduler
 
     policy, backend = policy_and_backend
-    scheduler = Scheduler(policy.engine(backend), policy.tokenizer.decode, max_running=2, max_waiting=1)
+    scheduler = Scheduler(lambda: policy.engine(backend), policy.tokenizer.decode, max_running=2, max_waiting=1)
     prompt = policy.tokenizer.encode("2 + 2", add_special_tokens=False)
     with pytest.raises(ValueError, match="n=3"):
         scheduler.submit(Job(prompt, print, n=3))
@@ -301,6 +302,12 @@ def test_the_scheduler_refuses_past_its_queue_and_after_drain(policy_and_backend
     assert scheduler.running() == 0 and scheduler.waiting() == 0
     with pytest.raises(Closed):
         scheduler.submit(Job(prompt, lambda u: None))
+    with pytest.raises(FileNotFoundError, match="no such model"):  # an engine that cannot be built: said at start
+
+        def missing():
+            raise FileNotFoundError("no such model")
+
+        Scheduler(missing, policy.tokenizer.decode).start()
 
 
 def test_a_structure_is_read_from_the_ids(policy_and_backend):
@@ -371,12 +378,12 @@ def test_the_real_model_answers_the_openai_client(real_model_dir, tmp_path):
         assert alone == loaded
 
 
-@pytest.mark.slow  # measured: about 30 s
+@pytest.mark.slow  # measured: about 20 s
 def test_a_short_soak_with_clients_that_leave_and_bad_requests_loses_nothing():
-    """The soak drill for 15 s (docs/serving.md has the 10-minute run): every request answered as expected."""
+    """The soak drill for 10 s (docs/serving.md has the 10-minute run): every request answered as expected."""
     from parallel_r1.testing.drills.soak import run_soak
 
-    result = run_soak(seconds=15, clients=8, seed=1)
+    result = run_soak(seconds=10, clients=8, seed=1)
     kinds = {kind for kind, _ in (key for key in result["counts"] if isinstance(key, tuple))}
     assert result["failures"] == 0, result["counts"]
     assert result["alive"] and result["health"]["running"] == result["health"]["waiting"] == 0
@@ -401,7 +408,7 @@ def test_a_failed_step_fails_the_requests_it_was_decoding_and_the_scheduler_goes
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-    scheduler = Scheduler(policy.engine(Flaky(backend)), policy.tokenizer.decode, max_running=4).start()
+    scheduler = Scheduler(lambda: policy.engine(Flaky(backend)), policy.tokenizer.decode, max_running=4).start()
     prompt = policy.tokenizer.encode("2 + 2", add_special_tokens=False)
     first, second = [], []
     scheduler.submit(Job(prompt, first.append, n=2, seeds=[1, 2], cap=60))

@@ -120,12 +120,11 @@ class Served:
 
 
 def create_app(served: Served) -> FastAPI:
-    """The FastAPI app over `served`: the scheduler starts with the app and drains when it shuts down (after uvicorn
+    """The FastAPI app over `served`, whose scheduler has started: it drains when the app shuts down (after uvicorn
     has let the requests in flight finish)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        served.scheduler.start()
         yield
         await asyncio.to_thread(served.scheduler.drain)
 

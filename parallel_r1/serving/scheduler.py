@@ -71,17 +71,23 @@ class Job:
 
 
 class Scheduler:
-    """Continuous batching of requests over `engine` (`ForkJoinEngine` or `PlainEngine`), in a thread of its own
-    (`start`, then `submit` and `cancel` from any thread; `drain` finishes what was accepted and stops). `decode`
-    turns completion ids into text (the tokenizer's, tags kept); `seed` seeds the draws of the requests that give
-    none."""
+    """Continuous batching of requests over the engine `build` returns (`ForkJoinEngine` or `PlainEngine`), in a
+    thread of its own (`start`, then `submit` and `cancel` from any thread; `drain` finishes what was accepted and
+    stops). The engine is built in that thread, which alone uses it: vLLM's CPU engine binds its compute threads to
+    the thread that built it, and steps from another thread took twice as long. `decode` turns completion ids into
+    text (the tokenizer's, tags kept); `seed` seeds the draws of the requests that give none."""
 
     def __init__(
-        self, engine, decode: Callable[[list], str], max_running: int = 64, max_waiting: int = 256, seed: int = 0
+        self,
+        build: Callable[[], object],
+        decode: Callable[[list], str],
+        max_running: int = 64,
+        max_waiting: int = 256,
+        seed: int = 0,
     ):
         if max_running < 1 or max_waiting < 0:
             raise ValueError(f"max_running must be >= 1 and max_waiting >= 0, got {max_running}, {max_waiting}")
-        self.batch, self.decode = ContinuousBatch(engine), decode
+        self.build, self.batch, self.decode = build, None, decode
         self.max_running, self.max_waiting = max_running, max_waiting
         self.generator = torch.Generator().manual_seed(seed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("job", job) and ("cancel", job), in order
@@ -95,7 +101,13 @@ class Scheduler:
     # ------------------------------------------------------------------ any thread
 
     def start(self) -> Scheduler:
+        """Start the thread and wait until it has built the engine (its error, if building fails, is raised here)."""
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
         self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            raise self._build_error
         return self
 
     def submit(self, job: Job) -> None:
@@ -112,11 +124,11 @@ class Scheduler:
 
     def busy(self) -> bool:
         """Whether a request arriving now would wait (the batch has no free slot, or requests wait already)."""
-        return self._waiting_count > 0 or len(self.batch) >= self.max_running
+        return self._waiting_count > 0 or self.running() >= self.max_running
 
     def running(self) -> int:
         """Completions being decoded now."""
-        return len(self.batch)
+        return len(self.batch) if self.batch is not None else 0
 
     def waiting(self) -> int:
         """Requests accepted and not started yet."""
@@ -137,6 +149,13 @@ class Scheduler:
     # ------------------------------------------------------------------ the scheduler's thread
 
     def _loop(self) -> None:
+        try:
+            self.batch = ContinuousBatch(self.build())
+        except BaseException as error:
+            self._build_error = error
+            return
+        finally:
+            self._built.set()
         while True:
             self._read_inbox(block=not self.batch and not self._waiting)
             self._start_waiting()
