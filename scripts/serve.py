@@ -81,7 +81,9 @@ def main() -> None:
     policy = ParallelPolicy.from_pretrained(args.model_name_or_path, sampling=sampling, **overrides)
 
     def engine():  # built in the scheduler's thread, which alone decodes
-        return policy.engine(policy.open_backend(args.model_name_or_path, args, policy.sampling(args.seed)))
+        backend = policy.open_backend(args.model_name_or_path, args, policy.sampling(args.seed),
+                                      batch_size=args.max_running)  # fmt: skip
+        return policy.engine(backend)
 
     def decode(ids) -> str:  # the tags kept
         return policy.tokenizer.decode(list(ids), skip_special_tokens=True)

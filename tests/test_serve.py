@@ -127,8 +127,16 @@ def test_a_seeded_completion_is_the_same_alone_streamed_and_under_32_concurrent_
 def test_a_stop_string_ends_the_completion_where_it_first_appears(client):
     full = chat(client, seed=3, max_tokens=400).choices[0].message.content
     assert "<Summary>" in full, "seed 3 opens a block (pick another seed if the tiny model changes)"
-    stopped = chat(client, seed=3, max_tokens=400, stop=["<Summary>", "never there"]).choices[0]
+    answer = chat(
+        client, seed=3, max_tokens=400, stop=["<Summary>", "never there"], extra_body={"return_structure": True}
+    )
+    stopped = answer.choices[0]
     assert stopped.message.content == full[: full.index("<Summary>")] and stopped.finish_reason == "stop"
+    # what is counted and parsed is what is returned: the tokens up to the stop string, not the phase decoded past it
+    blocks = stopped.model_extra["parallel"]["blocks"]
+    assert len(blocks) == stopped.message.content.count("<Parallel>") and not blocks[-1]["closed"]
+    assert blocks[-1]["summary"] is None and all(path in stopped.message.content for path in blocks[-1]["paths"])
+    assert answer.usage.completion_tokens < chat(client, seed=3, max_tokens=400).usage.completion_tokens
     streamed = "".join(c.choices[0].delta.content or "" for c in chat(client, seed=3, max_tokens=400,
                                                                        stop="<Summary>", stream=True) if c.choices)  # fmt: skip
     assert streamed == stopped.message.content
@@ -163,7 +171,22 @@ def test_bad_requests_get_an_openai_error_naming_the_field_and_the_server_goes_o
     with pytest.raises(openai.BadRequestError) as ids:
         client.completions.create(model="tiny-parallel", prompt=[10**6], max_tokens=4)
     assert ids.value.body["param"] == "prompt"
-    assert chat(client, seed=0, max_tokens=8).choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.completions.create(model="tiny-parallel", prompt="", max_tokens=4)
+    assert empty.value.body["param"] == "prompt"
+    assert httpx.get(f"{server}/health").json()["running"] == 0  # nothing of a refused request stays behind
+    # what changes nothing is accepted as OpenAI clients send it
+    plain = chat(client, seed=0, max_tokens=8).choices[0].message.content
+    same = chat(client, seed=0, max_tokens=8, logprobs=False, presence_penalty=0, frequency_penalty=0,
+                response_format={"type": "text"}, n=None)  # fmt: skip
+    parts = client.chat.completions.create(model="tiny-parallel", seed=0, max_tokens=8, messages=[
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "What is "},
+                                                                                   {"type": "text", "text": "2 + 3?"}]}])  # fmt: skip
+    with_system = client.chat.completions.create(model="tiny-parallel", seed=0, max_tokens=8, messages=[
+        {"role": "system", "content": "Be brief."}, *QUESTION])  # fmt: skip
+    assert same.choices[0].message.content == plain
+    assert parts.choices[0].message.content == with_system.choices[0].message.content
+    assert parts.usage.prompt_tokens == with_system.usage.prompt_tokens
 
 
 def wait_until_idle(server: str, timeout: float = 10) -> float:
@@ -205,7 +228,7 @@ def test_past_the_queue_a_request_gets_429_and_the_others_are_answered(client, s
         try:
             return chat(client, seed=i, max_tokens=200).choices[0].finish_reason
         except openai.RateLimitError as error:
-            assert error.body["type"] == "rate_limit_error"
+            assert error.body["type"] == "rate_limit_error" and error.response.headers["retry-after"] == "1"
             return 429
 
     with ThreadPoolExecutor(64) as pool:  # 32 may wait (and 8 decode once started): the rest are refused
@@ -275,8 +298,10 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(served_model, 
 
     scheduler.start()
     for seed, prompt in enumerate(prompts):  # each arrives while the earlier ones decode
+        assert seed == 0 or scheduler.running() > 0, "the earlier requests had ended: nothing was joined"
         scheduler.submit(Job(prompt, listener(seed), seeds=[seed], sampling=sampling))
-        time.sleep(0.05)
+        while scheduler.running() == 0 and not updates.get(seed):
+            time.sleep(0.001)
     assert done.wait(60)
     scheduler.drain(10)
     for seed, rollout in enumerate(alone):
@@ -302,6 +327,15 @@ def test_the_scheduler_refuses_past_its_queue_and_after_drain(policy_and_backend
     assert scheduler.running() == 0 and scheduler.waiting() == 0
     with pytest.raises(Closed):
         scheduler.submit(Job(prompt, lambda u: None))
+    assert not scheduler.alive()
+    long, heard = Scheduler(lambda: policy.engine(backend), policy.tokenizer.decode).start(), []
+    long.submit(Job(prompt, heard.append, n=2, cap=3000))
+    while long.running() < 2:
+        time.sleep(0.01)
+    long.drain(timeout=0.05)  # past its timeout a drain ends what is left, with an error
+    assert not long.alive() and long.running() == 0
+    assert {u.index for u in heard if u.finish} == {0, 1}  # each ended: on its own, or by the drain
+    assert any(u.finish == "error" and "shut down" in u.error for u in heard)
     with pytest.raises(FileNotFoundError, match="no such model"):  # an engine that cannot be built: said at start
 
         def missing():

@@ -377,7 +377,12 @@ class ContinuousBatch:
         states = [_State(Rollout(list(p)), s, cap or limit, sampling) for p, s in zip(prompts, streams)]
         for state in states:
             self._live[id(state.rollout)] = state
-        self.engine._launch(states, self._owners)
+        try:
+            self.engine._launch(states, self._owners)
+        except BaseException:  # a backend that refuses them (an empty prompt): nothing of them stays behind
+            for state in states:
+                self._end(state)
+            raise
         return [state.rollout for state in states]
 
     def step(self) -> list[Rollout]:

@@ -384,7 +384,7 @@ class TransformersBackend:
         return tokens.tolist(), logprobs.tolist()
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # a server's clients may send any top-p: the cache stays small
 def _warpers(top_k: int, top_p: float) -> LogitsProcessorList:
     """transformers' top-k and top-p warpers (after the temperature), each only when it cuts something."""
     warpers = []

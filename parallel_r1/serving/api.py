@@ -26,26 +26,30 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..answers import extract_answer
 from ..data import build_prompt
-from ..rollout.backend import Sampling
+from ..rollout.backend import Sampling, completion_seeds
 from ..tags.language import Block
 from .scheduler import Busy, Closed, Job, Scheduler, Update
 
 DISCONNECT_POLL_S = 0.5  # how often a request that waits for its answer checks that its client is still there
+DRAIN_GRACE_S = 10  # after uvicorn has drained (and cut what outlived its timeout): the scheduler's last grace
 
 
 # ---------------------------------------------------------------------------------------------------- requests
 
 
 class _Request(BaseModel):
-    """What the two generation endpoints share. Fields OpenAI defines that would change what is sampled and that
-    this server does not do (logprobs, penalties, logit_bias, best_of, echo, suffix, tools) are refused by name."""
+    """What the two generation endpoints share. A field OpenAI defines that would change what is sampled and that
+    this server does not do (logprobs, nonzero penalties, logit_bias, best_of, echo, suffix, tools, a response format
+    other than text) is refused by name; one given the value that changes nothing (`logprobs: false`,
+    `presence_penalty: 0`, `response_format: {"type": "text"}`, null for a default) is accepted."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,6 +64,22 @@ class _Request(BaseModel):
     stream_options: dict | None = None
     user: str | None = None
     return_structure: bool = False
+    logprobs: Literal[False] | None = None
+    presence_penalty: Literal[0] | None = None
+    frequency_penalty: Literal[0] | None = None
+    response_format: dict | None = None
+
+    @field_validator("n", "stream", "return_structure", mode="before")
+    @classmethod
+    def _null_is_default(cls, value, info):
+        return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        if value not in (None, {"type": "text"}):
+            raise ValueError("only {'type': 'text'} is served")
+        return value
 
     def stops(self) -> tuple:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -74,11 +94,21 @@ class CompletionRequest(_Request):
 
 
 class ChatMessage(BaseModel):
+    """A turn; its content as text or as OpenAI's list of text parts (joined), `developer` read as `system`."""
+
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant", "developer"]
-    content: str
+    content: str | list[dict]
     name: str | None = None
+
+    def turn(self) -> dict:
+        content = self.content
+        if isinstance(content, list):
+            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+                raise BadRequest("only text parts ({'type': 'text', 'text': ...}) are served", "messages")
+            content = "".join(part["text"] for part in content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class ChatRequest(_Request):
@@ -126,7 +156,7 @@ def create_app(served: Served) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await asyncio.to_thread(served.scheduler.drain)
+        await asyncio.to_thread(served.scheduler.drain, DRAIN_GRACE_S)
 
     app = FastAPI(title="parallel-r1", lifespan=lifespan)
     created = int(time.time())
@@ -142,12 +172,22 @@ def create_app(served: Served) -> FastAPI:
 
     @app.exception_handler(BadRequest)
     async def bad(request: Request, error: BadRequest):
-        return error_response(error.status, error.message, error.param, error.code)
+        response = error_response(error.status, error.message, error.param, error.code)
+        if error.status == 429:
+            response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception):
+        return error_response(500, f"the server failed: {type(error).__name__}: {error}")
 
     @app.get("/health")
     async def health():
-        """Ok, with the completions decoding now and the requests waiting for a slot."""
+        """Ok, with the completions decoding now and the requests waiting for a slot; 503 once the scheduler has
+        stopped."""
         scheduler = served.scheduler
+        if not scheduler.alive():
+            return error_response(503, "the scheduler is not running")
         return {"status": "ok", "running": scheduler.running(), "waiting": scheduler.waiting()}
 
     @app.get("/v1/models")
@@ -157,11 +197,12 @@ def create_app(served: Served) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        prompt = _completion_prompt(served, body.prompt)
-        return await _answer(served, body, prompt, request, chat=False)
+        _check_model(served, body)
+        return await _answer(served, body, _completion_prompt(served, body.prompt), request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
+        _check_model(served, body)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         return await _answer(served, body, _chat_prompt(served, body.messages), request, chat=True)
@@ -175,7 +216,10 @@ def _completion_prompt(served: Served, prompt) -> list[int]:
             raise BadRequest("a batch of prompts is not served: send one prompt a request", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return served.policy.tokenizer.encode(prompt, add_special_tokens=False)
+        prompt = served.policy.tokenizer.encode(prompt, add_special_tokens=False)
+        if not prompt:
+            raise BadRequest("the prompt is empty", "prompt")
+        return prompt
     vocabulary = len(served.policy.tokenizer)
     if not prompt or any(not 0 <= token < vocabulary for token in prompt):
         raise BadRequest(f"token ids must be a non-empty list of ids in [0, {vocabulary})", "prompt")
@@ -187,20 +231,26 @@ def _chat_prompt(served: Served, messages: list[ChatMessage]) -> list[int]:
     users = [i for i, message in enumerate(messages) if message.role == "user"]
     if not users:
         raise BadRequest("messages hold no user turn", "messages")
-    turns = [{"role": m.role, "content": m.content} for m in messages]
+    turns = [message.turn() for message in messages]
     try:
         (turns[users[-1]],) = build_prompt(turns[users[-1]]["content"], served.policy.settings.prompt_template)
     except ValueError as error:
         raise BadRequest(str(error), f"messages.{users[-1]}.content") from None
     tokenizer = served.policy.tokenizer
-    return list(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, return_dict=False))
+    try:
+        return list(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, return_dict=False))
+    except Exception as error:  # the model's chat template refuses the conversation (e.g. roles that do not alternate)
+        raise BadRequest(f"the model's chat template refused the messages: {error}", "messages") from None
+
+
+def _check_model(served: Served, body: _Request) -> None:
+    if body.model != served.name:
+        raise BadRequest(f"the model {body.model!r} does not exist: this server serves {served.name!r}", "model",
+                         404, "model_not_found")  # fmt: skip
 
 
 def _job_settings(served: Served, body: _Request, prompt: list[int]) -> dict:
     """The request's cap, sampling and seeds, checked against the model and the server."""
-    if body.model != served.name:
-        raise BadRequest(f"the model {body.model!r} does not exist: this server serves {served.name!r}", "model",
-                         404, "model_not_found")  # fmt: skip
     limit = served.policy.settings.max_completion_length
     cap = min(body.max_tokens or limit, limit)  # the model's recorded budget bounds a completion
     room = served.context - len(prompt)
@@ -219,10 +269,6 @@ def _job_settings(served: Served, body: _Request, prompt: list[int]) -> dict:
                          "n")  # fmt: skip
     seeds = None
     if body.seed is not None:
-        import torch
-
-        from ..rollout.backend import completion_seeds
-
         seeds = completion_seeds(torch.Generator().manual_seed(body.seed), body.n)
     return {"cap": cap, "sampling": sampling, "seeds": seeds, "stop": body.stops()}
 
@@ -239,7 +285,7 @@ async def _answer(served: Served, body: _Request, prompt: list[int], request: Re
         raise BadRequest(str(error), status=503) from None
     reply = _Reply(served, body, prompt, chat)
     if body.stream:
-        return StreamingResponse(_stream(served, job, updates, reply), media_type="text/event-stream")
+        return _Events(_stream(served, job, updates, reply), lambda: served.scheduler.cancel(job))
     getter = asyncio.ensure_future(updates.get())  # one pending get, kept across polls: no update is dropped
     try:
         ended = 0
@@ -285,6 +331,21 @@ async def _stream(served: Served, job: Job, updates: asyncio.Queue, reply: _Repl
         yield "data: [DONE]\n\n"
     finally:  # after the last event, a no-op; after a disconnect, the completions are stopped
         served.scheduler.cancel(job)
+
+
+class _Events(StreamingResponse):
+    """Server-sent events that cancel their request once the response is over, however it ended (a client that
+    leaves before the first event never starts the generator, whose own `finally` would not run)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def _event(payload: dict) -> str:

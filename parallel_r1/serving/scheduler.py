@@ -93,7 +93,7 @@ class Scheduler:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("job", job) and ("cancel", job), in order
         self._lock = threading.Lock()
         self._waiting_count = 0  # requests accepted and not started yet
-        self._closed = False
+        self._closed = self._aborted = False
         self._waiting: deque[Job] = deque()  # the thread's own
         self._running: list[Job] = []
         self._thread = threading.Thread(target=self._loop, name="parallel-r1-scheduler", daemon=True)
@@ -120,7 +120,7 @@ class Scheduler:
             if self._waiting_count >= self.max_waiting and self.busy():
                 raise Busy(f"{self._waiting_count} requests wait already (max_waiting={self.max_waiting})")
             self._waiting_count += 1
-        self._inbox.put(("job", job))
+            self._inbox.put(("job", job))  # under the lock: a drain that follows sees it
 
     def busy(self) -> bool:
         """Whether a request arriving now would wait (the batch has no free slot, or requests wait already)."""
@@ -138,13 +138,22 @@ class Scheduler:
         """Stop `job` (its client has gone): its waiting place or its running completions, and their cache, freed."""
         self._inbox.put(("cancel", job))
 
+    def alive(self) -> bool:
+        """Whether the thread is running (False before `start` and after a drain)."""
+        return self._thread.is_alive()
+
     def drain(self, timeout: float | None = None) -> None:
-        """Take no new request, finish those accepted, then stop the thread."""
+        """Take no new request, finish those accepted (for up to `timeout` seconds: then the rest end with an error),
+        then stop the thread."""
         with self._lock:
             self._closed = True
-        self._inbox.put(("wake", None))
+            self._inbox.put(("wake", None))
+        if not self._thread.is_alive():
+            return
+        self._thread.join(timeout)
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._inbox.put(("abort", None))
+            self._thread.join()
 
     # ------------------------------------------------------------------ the scheduler's thread
 
@@ -156,19 +165,23 @@ class Scheduler:
             return
         finally:
             self._built.set()
-        while True:
-            self._read_inbox(block=not self.batch and not self._waiting)
-            self._start_waiting()
-            if not self.batch:
-                if self._closed and not self._waiting and self._inbox.empty():
-                    return
-                continue
+        while not self._aborted:
             try:
+                self._read_inbox(block=not self.batch and not self._waiting)
+                self._start_waiting()
+                if not self.batch:
+                    if self._closed and not self._waiting and self._inbox.empty():
+                        return
+                    continue
                 self.batch.step()
                 self._report()
             except Exception as error:  # a failed step fails what it was decoding, not the server
                 logger.exception("a decoding step failed")
                 self._fail_running(f"decoding failed: {type(error).__name__}: {error}")
+        self._fail_running("the server shut down before this completion ended")
+        for job in self._waiting:
+            for index in range(job.n):
+                _tell(job, Update(index, "", (), "error", "the server shut down before this request started"))
 
     def _read_inbox(self, block: bool) -> None:
         try:
@@ -180,6 +193,8 @@ class Scheduler:
                 self._waiting.append(job)
             elif kind == "cancel":
                 self._cancel(job)
+            elif kind == "abort":
+                self._aborted = True
             try:
                 kind, job = self._inbox.get_nowait()
             except queue.Empty:
@@ -197,7 +212,7 @@ class Scheduler:
             except Exception as error:
                 logger.exception("a request could not start")
                 for index in range(job.n):
-                    job.listener(Update(index, "", (), "error", f"{type(error).__name__}: {error}"))
+                    _tell(job, Update(index, "", (), "error", f"{type(error).__name__}: {error}"))
                 continue
             job.reported, job.ended = [0] * job.n, [False] * job.n
             self._running.append(job)
@@ -224,24 +239,45 @@ class Scheduler:
         running = self.batch.running(rollout)
         if running and len(ids) == job.reported[index]:
             return
-        text, finish = self.decode(ids), None
+        reported, text, finish = len(ids), self.decode(ids), None
         cut = _first_stop(text, job.stop)
         if cut is not None:
             text, finish = text[:cut], "stop"
+            ids = ids[: self._covering(ids, cut)]
             if running:
                 self.batch.cancel(rollout)
         elif not running:
             finish = "stop" if rollout.finish == "eos" else "length"
-        job.reported[index], job.ended[index] = len(ids), finish is not None
-        job.listener(Update(index, text, tuple(ids), finish))
+        job.reported[index], job.ended[index] = reported, finish is not None
+        _tell(job, Update(index, text, tuple(ids), finish))
+
+    def _covering(self, ids: list, length: int) -> int:
+        """The fewest leading ids whose text holds `length` characters (what a completion cut by a stop string
+        keeps)."""
+        low, high = 0, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.decode(ids[:middle])) >= length:
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def _fail_running(self, message: str) -> None:
         for job in self._running:
             for index, rollout in enumerate(job.rollouts):
                 if not job.ended[index]:
-                    job.listener(Update(index, "", tuple(rollout.completion_ids), "error", message))
+                    _tell(job, Update(index, "", tuple(rollout.completion_ids), "error", message))
         self.batch.cancel_all()
         self._running = []
+
+
+def _tell(job: Job, update: Update) -> None:
+    """Give `update` to its request; a listener that fails (its client's loop has closed) is logged, not raised."""
+    try:
+        job.listener(update)
+    except Exception:
+        logger.exception("a request's listener failed")
 
 
 def _first_stop(text: str, stops: tuple) -> int | None:
