@@ -412,18 +412,6 @@ def test_the_real_model_answers_the_openai_client(real_model_dir, tmp_path):
         assert alone == loaded
 
 
-@pytest.mark.slow  # measured: about 20 s
-def test_a_short_soak_with_clients_that_leave_and_bad_requests_loses_nothing():
-    """The soak drill for 10 s (docs/serving.md has the 10-minute run): every request answered as expected."""
-    from parallel_r1.testing.drills.soak import run_soak
-
-    result = run_soak(seconds=10, clients=8, seed=1)
-    kinds = {kind for kind, _ in (key for key in result["counts"] if isinstance(key, tuple))}
-    assert result["failures"] == 0, result["counts"]
-    assert result["alive"] and result["health"]["running"] == result["health"]["waiting"] == 0
-    assert {"good", "leave_stream", "bad_json"} <= kinds
-
-
 def test_a_failed_step_fails_the_requests_it_was_decoding_and_the_scheduler_goes_on(policy_and_backend):
     from parallel_r1.serving import Job, Scheduler
 
