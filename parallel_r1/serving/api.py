@@ -283,7 +283,7 @@ async def _answer(served: Served, body: _Request, prompt: list[int], request: Re
         raise BadRequest(f"the server is at capacity: {error}; retry later", status=429) from None
     except Closed as error:
         raise BadRequest(str(error), status=503) from None
-    reply = _Reply(served, body, prompt, chat)
+    reply = _Reply(served, body, prompt, chat, settings["stop"])
     if body.stream:
         return _Events(_stream(served, job, updates, reply), lambda: served.scheduler.cancel(job))
     getter = asyncio.ensure_future(updates.get())  # one pending get, kept across polls: no update is dropped
@@ -355,14 +355,14 @@ def _event(payload: dict) -> str:
 class _Reply:
     """What a request's answer holds so far: each completion's text, ids and finish, and the text streamed of it."""
 
-    def __init__(self, served: Served, body: _Request, prompt: list[int], chat: bool):
+    def __init__(self, served: Served, body: _Request, prompt: list[int], chat: bool, stops: tuple):
         self.served, self.body, self.prompt, self.chat = served, body, prompt, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.texts, self.ids = [""] * body.n, [()] * body.n
         self.finishes, self.sent = [None] * body.n, [0] * body.n
         self.error = None
-        self.hold = max((len(stop) for stop in body.stops()), default=1) - 1
+        self.hold = max((len(stop) for stop in stops), default=1) - 1
 
     def take(self, update: Update) -> str:
         """Keep `update`; return the text to stream now (none held back that a stop string could still claim, nor

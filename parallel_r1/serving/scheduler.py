@@ -14,6 +14,7 @@ seed, so the same request gives the same completion alone or beside any load.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -254,14 +255,7 @@ class Scheduler:
     def _covering(self, ids: list, length: int) -> int:
         """The fewest leading ids whose text holds `length` characters (what a completion cut by a stop string
         keeps)."""
-        low, high = 0, len(ids)
-        while low < high:
-            middle = (low + high) // 2
-            if len(self.decode(ids[:middle])) >= length:
-                high = middle
-            else:
-                low = middle + 1
-        return low
+        return bisect.bisect_left(range(len(ids) + 1), length, key=lambda count: len(self.decode(ids[:count])))
 
     def _fail_running(self, message: str) -> None:
         for job in self._running:
