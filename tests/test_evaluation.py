@@ -238,8 +238,9 @@ def test_evaluations_are_ordered_by_step_only_when_they_are_checkpoints_of_one_r
 
 @pytest.mark.slow
 def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_path):
-    """scripts/evaluate.py on two checkpoints of a run, then scripts/plot.py over them and a trainer state."""
-    folders = []
+    """scripts/evaluate.py on two checkpoints of a run (side by side), then scripts/plot.py over them and a trainer
+    state."""
+    folders, runs = [], []
     for step in (1, 2):
         checkpoint = tmp_path / "run" / f"checkpoint-{step}"
         shutil.copytree(tag_prone_dir, checkpoint)
@@ -247,11 +248,13 @@ def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_p
         command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml"]
         command += ["--model_name_or_path", str(checkpoint), "--output_dir", str(out), "--max_problems", "2"]
         command += ["--max_completion_length", "48", "--seed", str(step)]
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "| Model | Parallel % |" in result.stdout
-        assert json.loads((out / "results.json").read_text())["model"]["step"] == step
+        runs.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         folders.append(str(out))
+    for step, (run, out) in enumerate(zip(runs, folders), start=1):
+        stdout, stderr = run.communicate(timeout=600)
+        assert run.returncode == 0, stderr[-3000:]
+        assert "| Model | Parallel % |" in stdout
+        assert json.loads((Path(out) / "results.json").read_text())["model"]["step"] == step
     state = tmp_path / "trainer_state.json"
     history = [
         {"step": s, "parallel/ratio": s / 10, "reward": -1 + s / 5, "parallel/critical_over_total": 1 - s / 50}
