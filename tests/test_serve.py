@@ -202,6 +202,8 @@ def test_a_client_that_leaves_frees_its_completions(endless_model, tmp_path):
     with parallel_r1_server(endless_model, log=tmp_path / "serve.log") as (server, _):
         leave_mid_stream(server, long)
         assert wait_until_idle(server) < 3.0
+        leave_before_the_first_event(server, long)
+        assert wait_until_idle(server) < 3.0
         quick = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=0.3)
         with pytest.raises(openai.APITimeoutError):
             chat(quick, **long)
@@ -219,6 +221,17 @@ def leave_mid_stream(server: str, request: dict) -> None:
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("delta", {}).get("content"):
                 break
         assert httpx.get(f"{server}/health").json()["running"] == request["n"]
+
+
+def leave_before_the_first_event(server: str, request: dict) -> None:
+    """Start a streamed completion, take its headers, and close the connection before any event. No role chunk comes
+    first on this endpoint, and a stop string of 2,000 characters holds back the text until there is more than that:
+    hundreds of tokens, over a second of decoding for each of these completions."""
+    body = {"model": "tiny-parallel", "prompt": "What is 2+2?", "stream": True, "stop": "~" * 2000, **request}
+    with httpx.stream("POST", f"{server}/v1/completions", timeout=60, json=body) as response:
+        assert response.status_code == 200
+        while httpx.get(f"{server}/health").json()["running"] < request["n"]:
+            time.sleep(0.02)
 
 
 def test_past_the_queue_a_request_gets_429_and_the_others_are_answered(client, server):
