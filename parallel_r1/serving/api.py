@@ -334,8 +334,9 @@ async def _stream(served: Served, job: Job, updates: asyncio.Queue, reply: _Repl
 
 
 class _Events(StreamingResponse):
-    """Server-sent events that cancel their request once the response is over, however it ended (a client that
-    leaves before the first event never starts the generator, whose own `finally` would not run)."""
+    """Server-sent events that cancel their request once the response is over, however it ended: the generator's own
+    `finally` covers a stream it has started, not one cancelled before its first step (a client gone before the
+    headers were sent)."""
 
     def __init__(self, content, on_close):
         super().__init__(content, media_type="text/event-stream")
