@@ -67,7 +67,7 @@ demo-vote: install
 
 # Parallel-R1 against the strongest plain recipe (a plain SFT as long, then plain GRPO 3x), that model's
 # self-consistency (cons@3, and cons@k at Parallel-R1's tokens) and the latency of each, all from one base; the
-# parallel cold start and SFT continue from the plain SFT: outputs/demo-strong/results/strong/arms.md. About 25
+# parallel cold start and SFT continue from the plain SFT: outputs/demo-strong/results/strong/arms.md. About 40
 # minutes.
 demo-strong: install
 	$(PY) scripts/demo.py --strong --output_dir outputs/demo-strong

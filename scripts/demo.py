@@ -6,7 +6,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py --width              # make demo-width: RL moves the width the model chooses
     python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 35 min)
     python scripts/demo.py --vote --matched     # make demo-vote: the same with a summary trained to vote (about 25 min)
-    python scripts/demo.py --strong             # make demo-strong: the strongest plain recipe and cons@k (about 25 min)
+    python scripts/demo.py --strong             # make demo-strong: the strongest plain recipe and cons@k (about 40 min)
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -96,7 +96,7 @@ VOTE_SFT_STEPS = 2400  # four times sft.yaml's: the paths learn their arithmetic
 VOTE_SFT = ("--summary_loss_weight", "10", "--disagreeing_paths_in_loss", "false")
 # --strong: the plain SFT both arms start from, and the second SFT stage each arm adds (plain, or the parallel one)
 STRONG_PLAIN_SFT = VOTE_SFT_STEPS  # where make demo-vote's plain SFT is right 96-97% of the time
-STRONG_PARALLEL_SFT = 600
+STRONG_PARALLEL_SFT = 2400  # 600 left the paths at 78-79% (docs/demo.md); 2,400: 93%
 TRACKIO_PROJECT = "parallel-r1-demo"  # the one trackio project every training stage logs to
 
 
