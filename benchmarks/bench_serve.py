@@ -10,8 +10,9 @@ other token, so that every completion runs to `--max-tokens`, with its structure
 many tokens); its rollout recorded: fork, 2 paths of at most 32 tokens, summaries of 16. Each chat request asks one
 completion with its own seed; a level sends `requests_at` of them, that many at a time, and the offline batch samples
 the same prompts with the same seeds. So every structured row decodes the same completions (the "same" column checks
-it against the offline batch), and the ratios compare only how they were scheduled. This machine's speed varies by
-10-20% from one minute to the next, so each level runs `--repeats` interleaved rounds and the table gives medians.
+it against the offline batch), and the ratios compare only how they were scheduled. This machine's speed drifts
+(one offline batch, repeated, took 6.5 to 10.3 s), so each level runs `--repeats` interleaved rounds and the table
+gives medians.
 Results: benchmarks/results/serve.md.
 """
 
@@ -182,7 +183,8 @@ def run_backend(model: Path, backend: str, count: int, levels: list[int], repeat
                 latencies = [latency for g in got for latency in g["latencies"]]
                 same = "-"
                 if column == 1:
-                    same = f"{min(sum(a == b for a, b in zip(g['texts'], b['texts'])) for b, g in zip(base, got))}/{n}"
+                    matches = [sum(x == y for x, y in zip(g["texts"], b["texts"])) for b, g in zip(base, got)]
+                    same = f"{min(matches)}/{n}"
                 rows.append(f"| {backend} | {label} | {clients} | {n} | {got[0]['tokens']} | "
                             f"{statistics.median(g['wall'] for g in got):.1f} | "
                             f"{statistics.median(g['tokens'] / g['wall'] for g in got):.0f} | {spread(ratios)} | "

@@ -241,20 +241,26 @@ def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_p
     """scripts/evaluate.py on two checkpoints of a run (side by side), then scripts/plot.py over them and a trainer
     state."""
     folders, runs = [], []
-    for step in (1, 2):
-        checkpoint = tmp_path / "run" / f"checkpoint-{step}"
-        shutil.copytree(tag_prone_dir, checkpoint)
-        out = tmp_path / f"eval-{step}"
-        command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml"]
-        command += ["--model_name_or_path", str(checkpoint), "--output_dir", str(out), "--max_problems", "2"]
-        command += ["--max_completion_length", "48", "--seed", str(step)]
-        runs.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        folders.append(str(out))
-    for step, (run, out) in enumerate(zip(runs, folders), start=1):
-        stdout, stderr = run.communicate(timeout=600)
-        assert run.returncode == 0, stderr[-3000:]
-        assert "| Model | Parallel % |" in stdout
-        assert json.loads((Path(out) / "results.json").read_text())["model"]["step"] == step
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # side by side: a thread each
+    try:
+        for step in (1, 2):
+            checkpoint = tmp_path / "run" / f"checkpoint-{step}"
+            shutil.copytree(tag_prone_dir, checkpoint)
+            out = tmp_path / f"eval-{step}"
+            command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml"]
+            command += ["--model_name_or_path", str(checkpoint), "--output_dir", str(out), "--max_problems", "2"]
+            command += ["--max_completion_length", "48", "--seed", str(step)]
+            with open(tmp_path / f"eval-{step}.log", "w") as log:
+                runs.append(subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env))
+            folders.append(str(out))
+        for step, run in enumerate(runs, start=1):
+            code, log = run.wait(timeout=600), (tmp_path / f"eval-{step}.log").read_text()
+            assert code == 0, log[-3000:]
+            assert "| Model | Parallel % |" in log
+            assert json.loads((tmp_path / f"eval-{step}" / "results.json").read_text())["model"]["step"] == step
+    finally:
+        for run in runs:
+            run.kill()  # nothing, for a run that has ended
     state = tmp_path / "trainer_state.json"
     history = [
         {"step": s, "parallel/ratio": s / 10, "reward": -1 + s / 5, "parallel/critical_over_total": 1 - s / 50}

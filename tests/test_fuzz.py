@@ -15,7 +15,8 @@ from parallel_r1.testing.drills import fuzz
 from parallel_r1.testing.drills.fuzz import HUGE_CHARS, KEEP_SLOWEST, KINDS, SCHEDULE_SPECS, draw_case, run_fuzz
 from parallel_r1.testing.tiny import build_tokenizer
 
-CI_SIZE = 300  # inputs, every kind drawn at seed 0; about 12 s on two cores (the full drill: `python -m parallel_r1.testing.drills.fuzz`)
+CI_SIZE = 300  # inputs, every kind drawn at seed 0; about 12 s on two cores
+# (the full drill: `python -m parallel_r1.testing.drills.fuzz`)
 
 
 @pytest.fixture(scope="module")

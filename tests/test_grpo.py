@@ -393,14 +393,19 @@ def test_a_run_killed_after_checkpoint_2_resumes_as_the_unbroken_run(tmp_path, t
     model = ["--model_name_or_path", str(tag_prone_dir)]
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     reference, run = _launch_tiny_grpo(unbroken, *model), _launch_tiny_grpo(broken, *model)
-    deadline = time.monotonic() + 900
-    while _saved_step(broken / "checkpoint-2") != 2 and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert run.poll() is None and _saved_step(broken / "checkpoint-2") == 2, (tmp_path / "broken.log").read_text()
-    os.killpg(run.pid, signal.SIGKILL)
-    assert run.wait(timeout=60) == -signal.SIGKILL
-    assert not (broken / "model.safetensors").exists()  # killed before the end (in step 3, or later on a slow machine)
-    assert reference.wait(timeout=900) == 0, (tmp_path / "unbroken.log").read_text()[-3000:]
+    try:
+        deadline = time.monotonic() + 900
+        while _saved_step(broken / "checkpoint-2") != 2 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert run.poll() is None and _saved_step(broken / "checkpoint-2") == 2, (tmp_path / "broken.log").read_text()
+        os.killpg(run.pid, signal.SIGKILL)
+        assert run.wait(timeout=60) == -signal.SIGKILL
+        assert not (broken / "model.safetensors").exists()  # killed before the end (in step 3, or later when slow)
+        assert reference.wait(timeout=900) == 0, (tmp_path / "unbroken.log").read_text()[-3000:]
+    finally:
+        for launched in (reference, run):  # neither outlives a failed assertion
+            if launched.poll() is None:
+                os.killpg(launched.pid, signal.SIGKILL)
     resumed = _launch_tiny_grpo(broken, *model, "--resume_from_checkpoint", "true")
     assert resumed.wait(timeout=900) == 0, (tmp_path / "broken.log").read_text()[-3000:]
     logs = [json.loads((out / "trainer_state.json").read_text())["log_history"] for out in (unbroken, broken)]
