@@ -226,7 +226,8 @@ def leave_mid_stream(server: str, request: dict) -> None:
 def leave_before_the_first_event(server: str, request: dict) -> None:
     """Start a streamed completion, take its headers, and close the connection before any event. No role chunk comes
     first on this endpoint, and a stop string of 2,000 characters holds back the text until there is more than that:
-    hundreds of tokens, over a second of decoding for each of these completions."""
+    hundreds of tokens, over a second of decoding for each of these completions. (With the headers sent, the stream's
+    generator has started and waits for its first text: its own `finally` cancels the request.)"""
     body = {"model": "tiny-parallel", "prompt": "What is 2+2?", "stream": True, "stop": "~" * 2000, **request}
     with httpx.stream("POST", f"{server}/v1/completions", timeout=60, json=body) as response:
         assert response.status_code == 200
