@@ -6,10 +6,12 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import matplotlib.image
 import pytest
+from launches import Launch, succeeded
 from trl import ModelConfig
 
 from parallel_r1.durable import AppendLog, read_lines
@@ -240,9 +242,9 @@ def test_evaluations_are_ordered_by_step_only_when_they_are_checkpoints_of_one_r
 def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_path):
     """scripts/evaluate.py on two checkpoints of a run (side by side), then scripts/plot.py over them and a trainer
     state."""
-    folders, runs = [], []
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # side by side: a thread each
-    try:
+    folders = []
+    with ExitStack() as stack:  # side by side, a thread each (`Launch`); neither outlives a failed assertion
+        runs = []
         for step in (1, 2):
             checkpoint = tmp_path / "run" / f"checkpoint-{step}"
             shutil.copytree(tag_prone_dir, checkpoint)
@@ -250,17 +252,13 @@ def test_the_scripts_evaluate_two_checkpoints_and_plot_them(tag_prone_dir, tmp_p
             command = [sys.executable, "scripts/evaluate.py", "--config", "recipes/tiny/eval.yaml"]
             command += ["--model_name_or_path", str(checkpoint), "--output_dir", str(out), "--max_problems", "2"]
             command += ["--max_completion_length", "48", "--seed", str(step)]
-            with open(tmp_path / f"eval-{step}.log", "w") as log:
-                runs.append(subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env))
+            runs.append(stack.enter_context(Launch(command, tmp_path / f"eval-{step}.log")))
             folders.append(str(out))
         for step, run in enumerate(runs, start=1):
-            code, log = run.wait(timeout=600), (tmp_path / f"eval-{step}.log").read_text()
-            assert code == 0, log[-3000:]
-            assert "| Model | Parallel % |" in log
+            run.timeout = 600
+            succeeded(run)
+            assert "| Model | Parallel % |" in run.text()
             assert json.loads((tmp_path / f"eval-{step}" / "results.json").read_text())["model"]["step"] == step
-    finally:
-        for run in runs:
-            run.kill()  # nothing, for a run that has ended
     state = tmp_path / "trainer_state.json"
     history = [
         {"step": s, "parallel/ratio": s / 10, "reward": -1 + s / 5, "parallel/critical_over_total": 1 - s / 50}

@@ -8,11 +8,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import torch
+from launches import Launch, succeeded
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, TrainerCallback
 
@@ -366,16 +367,13 @@ def test_accelerate_launch_runs_the_tiny_recipe(tmp_path, tag_prone_dir):
     assert saved == given
 
 
-def _launch_tiny_grpo(out, *flags):
-    """The tiny recipe under `accelerate launch`, 4 steps with a checkpoint at each, in a process group of its own."""
+def _tiny_grpo(out, *flags) -> list:
+    """The tiny recipe under `accelerate launch`, 4 steps with a checkpoint at each."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
     command += ["--num_cpu_threads_per_process", "1", "scripts/grpo.py", "--config", "recipes/tiny/grpo.yaml"]
     command += ["--output_dir", str(out), "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "1"]
     command += ["--per_device_train_batch_size", "4", "--max_completion_length", "48", "--max_train_samples", "8"]
-    command += ["--max_path_tokens", "12", "--max_summary_tokens", "6", *flags]
-    root = Path(__file__).resolve().parents[1]
-    with open(out.parent / f"{out.name}.log", "a") as log:
-        return subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return command + ["--max_path_tokens", "12", "--max_summary_tokens", "6", *flags]
 
 
 def _saved_step(checkpoint):
@@ -392,22 +390,17 @@ def test_a_run_killed_after_checkpoint_2_resumes_as_the_unbroken_run(tmp_path, t
     same final weights as a run never killed (run beside it: each launch keeps one thread)."""
     model = ["--model_name_or_path", str(tag_prone_dir)]
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    reference, run = _launch_tiny_grpo(unbroken, *model), _launch_tiny_grpo(broken, *model)
-    try:
-        deadline = time.monotonic() + 900
-        while _saved_step(broken / "checkpoint-2") != 2 and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert run.poll() is None and _saved_step(broken / "checkpoint-2") == 2, (tmp_path / "broken.log").read_text()
-        os.killpg(run.pid, signal.SIGKILL)
-        assert run.wait(timeout=60) == -signal.SIGKILL
+    with ExitStack() as stack:  # neither launch outlives a failed assertion
+        reference = stack.enter_context(Launch(_tiny_grpo(unbroken, *model), tmp_path / "unbroken.log"))
+        victim = stack.enter_context(Launch(_tiny_grpo(broken, *model), tmp_path / "broken.log"))
+        reference.timeout = victim.timeout = 900
+        victim.kill_when(lambda: _saved_step(broken / "checkpoint-2") == 2, "checkpoint 2 with its trainer state")
+        assert victim.process.returncode == -signal.SIGKILL
         assert not (broken / "model.safetensors").exists()  # killed before the end (in step 3, or later when slow)
-        assert reference.wait(timeout=900) == 0, (tmp_path / "unbroken.log").read_text()[-3000:]
-    finally:
-        for launched in (reference, run):  # neither outlives a failed assertion
-            if launched.poll() is None:
-                os.killpg(launched.pid, signal.SIGKILL)
-    resumed = _launch_tiny_grpo(broken, *model, "--resume_from_checkpoint", "true")
-    assert resumed.wait(timeout=900) == 0, (tmp_path / "broken.log").read_text()[-3000:]
+        succeeded(reference)
+    with Launch(_tiny_grpo(broken, *model, "--resume_from_checkpoint", "true"), tmp_path / "resumed.log") as resumed:
+        resumed.timeout = 900
+        succeeded(resumed)
     logs = [json.loads((out / "trainer_state.json").read_text())["log_history"] for out in (unbroken, broken)]
     rewards = [{e["step"]: e["reward"] for e in log if "reward" in e and e["step"] > 2} for log in logs]
     assert rewards[0] == rewards[1] and sorted(rewards[0]) == [3, 4]
