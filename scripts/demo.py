@@ -28,7 +28,9 @@ an SFT four times as long whose summaries weigh ten times in the loss and whose 
 `--strong` runs the arms of `parallel_r1.testing.demo.strong` from one base: a plain SFT (STRONG_PLAIN_SFT steps),
 continued plainly for STRONG_PARALLEL_SFT steps and then plain GRPO 3x (arm a, whose samples also give the
 self-consistency rows, b), and from the same first stage a parallel cold start and SFT of STRONG_PARALLEL_SFT steps
-with --vote's rules, then Parallel-R1 (arm c): results/strong/arms.md, stages.md, votes.md and tokens.md.
+with --vote's rules, then Parallel-R1 (arm c): results/strong/arms.md, stages.md, votes.md and tokens.md. With
+`--strong_start blocks`, arm (c)'s parallel SFT continues instead from an SFT as long on the same plain solutions,
+each written as a block of identical attempts (`task.block_teacher`; docs/demo.md has both designs).
 `--base_from DIR` takes the data and the base with its tags from another run's folder instead of making them (so that
 two jobs compare from one base: the 2-process pretraining is not reproducible across runs).
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
@@ -97,6 +99,7 @@ VOTE_SFT = ("--summary_loss_weight", "10", "--disagreeing_paths_in_loss", "false
 # --strong: the plain SFT both arms start from, and the second SFT stage each arm adds (plain, or the parallel one)
 STRONG_PLAIN_SFT = VOTE_SFT_STEPS  # where make demo-vote's plain SFT is right 96-97% of the time
 STRONG_PARALLEL_SFT = 2400  # 600 left the paths at 78-79% (docs/demo.md); 2,400: 93%
+STRONG_STARTS = ("plain", "blocks")  # what arm (c)'s parallel SFT continues from (--strong_start)
 TRACKIO_PROJECT = "parallel-r1-demo"  # the one trackio project every training stage logs to
 
 
@@ -118,9 +121,10 @@ class Demo:
         matched: bool = False,
         vote: bool = False,
         base_from: Path | None = None,
+        strong_start: str = "plain",
     ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
-        self.vote, self.base_from = vote, base_from
+        self.vote, self.base_from, self.strong_start = vote, base_from, strong_start
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
@@ -383,27 +387,36 @@ class Demo:
                  (*plain, *more), traces="cold-start-plain", start="sft-plain")  # fmt: skip
         self.grpo(STRONG_PLAIN, title=f"arm (a): plain GRPO from it, {MATCHED_GROUPS}x the completions",
                   start="sft-plain-more", recipe="grpo_plain.yaml", extra=self.matched_flags())  # fmt: skip
+        start = "sft-blocks" if self.strong_start == "blocks" else "sft-plain"  # what arm (c)'s parallel SFT continues
+        if start == "sft-blocks":
+            self.cold_start("cold-start-blocks", "arm (c): the plain solutions, each as a block of identical attempts",
+                            ("--model_name_or_path", "parallel_r1.testing.demo.task:block_teacher"))  # fmt: skip
+            self.sft(start, "arm (c): SFT on them (Unseen), as many steps as the plain SFT",
+                     ("--max_steps", str(STRONG_PLAIN_SFT)), traces="cold-start-blocks")  # fmt: skip
         self.cold_start("cold-start", "arm (c): cold-start traces, two in three vote drills", VOTE_COLD_START)
-        self.sft("sft-parallel", "arm (c): parallel SFT from the plain SFT (--vote's rules)",
-                 (*more, *VOTE_SFT), start="sft-plain")  # fmt: skip
+        self.sft("sft-parallel", f"arm (c): parallel SFT from {start} (--vote's rules)", (*more, *VOTE_SFT),
+                 start=start)  # fmt: skip
         self.grpo("grpo", title="arm (c): Parallel-R1, fork-join rollouts", start="sft-parallel")
         folders = {
             "plain SFT": self.evaluate("sft-plain", "sft-plain", plain=True),
             "plain SFT, continued": self.evaluate("sft-plain-more", "sft-plain-more", plain=True),
             "(a) plain": self.evaluate(STRONG_PLAIN, STRONG_PLAIN, plain=True),
+            **({"block SFT": self.evaluate("sft-blocks", "sft-blocks")} if start == "sft-blocks" else {}),
             "parallel SFT": self.evaluate("sft-parallel", "sft-parallel"),
             "(c) Parallel-R1": self.evaluate("grpo", "parallel-r1"),
         }
         results = self.out / "results" / "strong"
         strong.write(folders["(a) plain"], folders["(c) Parallel-R1"], results)
         (results / "stages.md").write_text(strong.stages_table(folders) + "\n")
-        votes = vote_report({label: folders[label] for label in ("parallel SFT", "(c) Parallel-R1")})
+        parallel = ("block SFT", "parallel SFT", "(c) Parallel-R1")
+        votes = vote_report({label: folder for label, folder in folders.items() if label in parallel})
         (results / "votes.md").write_text(votes + "\n")
         runs = {STRONG_PLAIN: self.out / STRONG_PLAIN / "trainer_state.json"}
         runs["parallel-r1"] = self.out / "grpo" / "trainer_state.json"
         (results / "tokens.md").write_text(token_table(runs) + "\n")
-        self.summary(results / "arms.md", ["sft-plain", "sft-plain-more", STRONG_PLAIN, "sft-parallel", "grpo"],
-                     self.out / "timings.md")  # fmt: skip
+        models = ["sft-plain", "sft-plain-more", STRONG_PLAIN, *([start] if start != "sft-plain" else []),
+                  "sft-parallel", "grpo"]  # fmt: skip
+        self.summary(results / "arms.md", models, self.out / "timings.md")
 
     def steps(self) -> int:
         """GRPO's optimizer steps in this run: the quick run's, --rl_steps, or the recipe's."""
@@ -473,6 +486,13 @@ def main(argv=None) -> None:
         "at a latency (make demo-strong)",
     )
     parser.add_argument(
+        "--strong_start",
+        choices=STRONG_STARTS,
+        default="plain",
+        help="--strong: what arm (c)'s parallel SFT continues from: the plain SFT arm (a) starts from (plain), or an "
+        "SFT as long on the same solutions, each written as a block of identical attempts (blocks)",
+    )
+    parser.add_argument(
         "--base_from",
         type=Path,
         default=None,
@@ -495,13 +515,15 @@ def main(argv=None) -> None:
         parser.error(
             "--vote changes the parallel SFT of make demo and --matched; --paper, --width and --strong keep theirs"
         )
+    if args.strong_start != "plain" and not args.strong:
+        parser.error("--strong_start chooses a design of --strong: give --strong too")
     base_from = args.base_from.resolve() if args.base_from else None
     if base_from and not all((base_from / part).is_dir() for part in ("data", "base-special")):
         parser.error(
             f"--base_from {args.base_from}: no data/ and base-special/ there (a demo's --output_dir has both)"
         )
     demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote,
-                base_from)  # fmt: skip
+                base_from, args.strong_start)  # fmt: skip
     # Every training stage logs to one local trackio store in the output folder; a rerun starts it afresh (trackio
     # resumes a run of the same name, so old curves would go on under the new ones)
     os.environ["TRACKIO_DIR"] = str(demo.out / "trackio")

@@ -33,6 +33,7 @@ from parallel_r1.testing.demo.task import (
     TEACHER_SLIP,
     Problem,
     all_problems,
+    block_teacher,
     corpus,
     majority,
     plain_teacher,
@@ -124,6 +125,16 @@ def test_the_plain_teacher_writes_only_plain_solutions_that_slip_at_the_teachers
     assert not any("<" in answer for answer in answers)
     assert all(answer.startswith("7*8=") and "\nFinal Answer: " in answer for answer in answers)
     assert abs(sum("7*8=56" not in answer for answer in answers) / 3000 - TEACHER_SLIP) < 0.02
+
+
+@given(problems, st.integers(0, 2**32 - 1))
+def test_the_block_teacher_writes_the_plain_teachers_attempt_in_every_path_and_states_it(problem, seed):
+    messages = build_prompt(problem.text, "none")
+    working, result = plain_teacher(messages, seed).rsplit("\nFinal Answer: ", 1)
+    parsed = parse(block_teacher(messages, seed))
+    assert parsed.well_formed and len(parsed.blocks) == 1
+    assert [path.body for path in parsed.blocks[0].paths] == [working] * NUM_PATHS
+    assert final_answer(block_teacher(messages, seed)) == result
 
 
 def test_the_default_teacher_writes_the_traces_it_wrote_before_the_late_kind_existed():
@@ -691,3 +702,47 @@ def test_base_from_copies_the_data_and_the_base_and_makes_neither(tmp_path, monk
     with pytest.raises(SystemExit):
         demo.main(["--strong", "--base_from", str(tmp_path / "own"), "--output_dir", str(tmp_path / "refused")])
     assert "no data/ and base-special/ there" in capsys.readouterr().err
+
+
+def test_strong_start_blocks_gives_arm_c_an_sft_as_long_on_the_same_solutions_in_blocks(tmp_path, monkeypatch, capsys):
+    """`demo.py --strong --strong_start blocks`, its training commands recorded instead of run (up to the first
+    evaluation): arm (c)'s parallel SFT continues from an SFT on the plain teacher's solutions written as blocks, as
+    long as arm (a)'s first plain SFT; arm (a) is as without it. The flag without --strong is refused."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    class Evaluating(Exception):
+        pass
+
+    def commands(start: str) -> dict:
+        ran = {}
+
+        def stage(self, title, name, command):
+            if name.startswith("eval-"):
+                raise Evaluating
+            ran[name] = command
+
+        monkeypatch.setattr(demo.Demo, "stage", stage)
+        with pytest.raises(Evaluating):
+            demo.Demo(tmp_path / start, 0, False, strong_start=start).strong()
+        return ran
+
+    def value(command: list, flag: str) -> str:
+        return command[command.index(flag) + 1]
+
+    blocks, plain = commands("blocks"), commands("plain")
+    out = tmp_path / "blocks"
+    assert value(blocks["cold_start_blocks"], "--model_name_or_path").endswith("task:block_teacher")
+    assert value(blocks["sft-blocks"], "--model_name_or_path") == str(out / "base-special")
+    assert value(blocks["sft-blocks"], "--dataset_name") == str(out / "cold-start-blocks" / "train.parquet")
+    assert value(blocks["sft-blocks"], "--max_steps") == value(blocks["sft-plain"], "--max_steps")
+    assert value(blocks["sft-parallel"], "--model_name_or_path") == str(out / "sft-blocks")
+    assert value(plain["sft-parallel"], "--model_name_or_path") == str(tmp_path / "plain" / "sft-plain")
+    assert "sft-blocks" not in plain and "cold_start_blocks" not in plain
+    relative = lambda command, root: [part.replace(str(root), "") for part in command]  # noqa: E731
+    for name in plain.keys() - {"sft-parallel"}:  # arm (a), and everything but where arm (c)'s SFT starts
+        assert relative(blocks[name], out) == relative(plain[name], tmp_path / "plain"), name
+    monkeypatch.setattr(demo.Demo, "run", lambda self: pytest.fail("ran make demo with --strong_start"))
+    with pytest.raises(SystemExit):
+        demo.main(["--strong_start", "blocks", "--output_dir", str(tmp_path / "refused")])
+    assert "give --strong too" in capsys.readouterr().err

@@ -207,6 +207,14 @@ def plain_teacher(messages: list, seed: int) -> str:
     return asked(messages).plain_solution(draw_slip(random.Random(seed)))
 
 
+def block_teacher(messages: list, seed: int) -> str:
+    """`plain_teacher`'s solution (the same attempt, slipped as often) written `NUM_PATHS` times, once in each path of
+    a block, with the summary stating it: the teacher's plain solutions in the form the paths will use, with no vote
+    to learn (`make demo-strong --strong_start blocks`: arm c's first SFT stage learns the working behind the tags)."""
+    slip = draw_slip(random.Random(seed))
+    return asked(messages).parallel_trace((slip,) * NUM_PATHS)
+
+
 def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
     """The problems of each stage, drawn once (seeded):
 
