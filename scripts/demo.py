@@ -29,8 +29,8 @@ an SFT four times as long whose summaries weigh ten times in the loss and whose 
 continued plainly for STRONG_PARALLEL_SFT steps and then plain GRPO 3x (arm a, whose samples also give the
 self-consistency rows, b), and from the same first stage a parallel cold start and SFT of STRONG_PARALLEL_SFT steps
 with --vote's rules, then Parallel-R1 (arm c): results/strong/arms.md, stages.md, votes.md and tokens.md. With
-`--strong_start blocks`, arm (c)'s parallel SFT continues instead from an SFT as long on the same plain solutions,
-each written as a block of identical attempts (`task.block_teacher`; docs/demo.md has both designs).
+`--strong_start blocks`, arm (c)'s parallel SFT continues instead from an SFT of STRONG_PLAIN_SFT steps on the same
+plain solutions, each written as a block of identical attempts (`task.block_teacher`; docs/demo.md has both designs).
 `--base_from DIR` takes the data and the base with its tags from another run's folder instead of making them (so that
 two jobs compare from one base: the 2-process pretraining is not reproducible across runs).
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
@@ -99,7 +99,9 @@ VOTE_SFT = ("--summary_loss_weight", "10", "--disagreeing_paths_in_loss", "false
 # --strong: the plain SFT both arms start from, and the second SFT stage each arm adds (plain, or the parallel one)
 STRONG_PLAIN_SFT = VOTE_SFT_STEPS  # where make demo-vote's plain SFT is right 96-97% of the time
 STRONG_PARALLEL_SFT = 2400  # 600 left the paths at 78-79% (docs/demo.md); 2,400: 93%
-STRONG_STARTS = ("plain", "blocks")  # what arm (c)'s parallel SFT continues from (--strong_start)
+# --strong_start: what arm (c)'s parallel SFT continues from, the folder and its name in a stage's title; the first
+# is the default
+STRONG_STARTS = {"plain": ("sft-plain", "the plain SFT"), "blocks": ("sft-blocks", "the block SFT")}
 TRACKIO_PROJECT = "parallel-r1-demo"  # the one trackio project every training stage logs to
 
 
@@ -121,7 +123,7 @@ class Demo:
         matched: bool = False,
         vote: bool = False,
         base_from: Path | None = None,
-        strong_start: str = "plain",
+        strong_start: str | None = None,
     ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
         self.vote, self.base_from, self.strong_start = vote, base_from, strong_start
@@ -387,14 +389,14 @@ class Demo:
                  (*plain, *more), traces="cold-start-plain", start="sft-plain")  # fmt: skip
         self.grpo(STRONG_PLAIN, title=f"arm (a): plain GRPO from it, {MATCHED_GROUPS}x the completions",
                   start="sft-plain-more", recipe="grpo_plain.yaml", extra=self.matched_flags())  # fmt: skip
-        start = "sft-blocks" if self.strong_start == "blocks" else "sft-plain"  # what arm (c)'s parallel SFT continues
+        start, named = STRONG_STARTS[self.strong_start or next(iter(STRONG_STARTS))]
         if start == "sft-blocks":
             self.cold_start("cold-start-blocks", "arm (c): the plain solutions, each as a block of identical attempts",
                             ("--model_name_or_path", "parallel_r1.testing.demo.task:block_teacher"))  # fmt: skip
             self.sft(start, "arm (c): SFT on them (Unseen), as many steps as the plain SFT",
                      ("--max_steps", str(STRONG_PLAIN_SFT)), traces="cold-start-blocks")  # fmt: skip
         self.cold_start("cold-start", "arm (c): cold-start traces, two in three vote drills", VOTE_COLD_START)
-        self.sft("sft-parallel", f"arm (c): parallel SFT from {start} (--vote's rules)", (*more, *VOTE_SFT),
+        self.sft("sft-parallel", f"arm (c): parallel SFT from {named} (--vote's rules)", (*more, *VOTE_SFT),
                  start=start)  # fmt: skip
         self.grpo("grpo", title="arm (c): Parallel-R1, fork-join rollouts", start="sft-parallel")
         folders = {
@@ -414,8 +416,7 @@ class Demo:
         runs = {STRONG_PLAIN: self.out / STRONG_PLAIN / "trainer_state.json"}
         runs["parallel-r1"] = self.out / "grpo" / "trainer_state.json"
         (results / "tokens.md").write_text(token_table(runs) + "\n")
-        models = ["sft-plain", "sft-plain-more", STRONG_PLAIN, *([start] if start != "sft-plain" else []),
-                  "sft-parallel", "grpo"]  # fmt: skip
+        models = list(dict.fromkeys(["sft-plain", "sft-plain-more", STRONG_PLAIN, start, "sft-parallel", "grpo"]))
         self.summary(results / "arms.md", models, self.out / "timings.md")
 
     def steps(self) -> int:
@@ -487,10 +488,10 @@ def main(argv=None) -> None:
     )
     parser.add_argument(
         "--strong_start",
-        choices=STRONG_STARTS,
-        default="plain",
-        help="--strong: what arm (c)'s parallel SFT continues from: the plain SFT arm (a) starts from (plain), or an "
-        "SFT as long on the same solutions, each written as a block of identical attempts (blocks)",
+        choices=list(STRONG_STARTS),
+        default=None,
+        help="--strong: what arm (c)'s parallel SFT continues from: the plain SFT arm (a) starts from (plain, the "
+        "default), or an SFT as long on the same solutions, each written as a block of identical attempts (blocks)",
     )
     parser.add_argument(
         "--base_from",
@@ -515,7 +516,7 @@ def main(argv=None) -> None:
         parser.error(
             "--vote changes the parallel SFT of make demo and --matched; --paper, --width and --strong keep theirs"
         )
-    if args.strong_start != "plain" and not args.strong:
+    if args.strong_start and not args.strong:
         parser.error("--strong_start chooses a design of --strong: give --strong too")
     base_from = args.base_from.resolve() if args.base_from else None
     if base_from and not all((base_from / part).is_dir() for part in ("data", "base-special")):

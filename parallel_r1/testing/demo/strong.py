@@ -7,7 +7,7 @@ The arms, all from the same base, on the same held-out problems and evaluation (
 - (b) self-consistency of (a)'s final model: cons@3 (as many attempts as a block holds) and cons@k with k the
   samples whose tokens match Parallel-R1's mean completion (`metrics.consensus_at_k`, from the same n samples);
 - (c) `parallel`: Parallel-R1 whose cold start and SFT continue from the plain SFT's first stage (or, with
-  `scripts/demo.py --strong_start blocks`, from an SFT as long on the same solutions written as blocks).
+  `scripts/demo.py --strong --strong_start blocks`, from an SFT as long on the same solutions written as blocks).
 
 Latency is the tokens on an answer's critical path (`metrics.latency_summary`): D for a completion with a block
 whose paths are decoded at once, T for a plain one, the longest of the k for cons@k decoded concurrently.

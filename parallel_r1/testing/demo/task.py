@@ -210,7 +210,8 @@ def plain_teacher(messages: list, seed: int) -> str:
 def block_teacher(messages: list, seed: int) -> str:
     """`plain_teacher`'s solution (the same attempt, slipped as often) written `NUM_PATHS` times, once in each path of
     a block, with the summary stating it: the teacher's plain solutions in the form the paths will use, with no vote
-    to learn (`make demo-strong --strong_start blocks`: arm c's first SFT stage learns the working behind the tags)."""
+    to learn (`scripts/demo.py --strong --strong_start blocks`: arm c's first SFT stage learns the working behind
+    the tags)."""
     slip = draw_slip(random.Random(seed))
     return asked(messages).parallel_trace((slip,) * NUM_PATHS)
 
@@ -279,7 +280,8 @@ def last_number(text: str | None) -> str | None:
 def vote_report(evaluations: dict) -> str:
     """A table, per evaluated model (label -> evaluation folder): how many answers hold a block, how often one path
     of a block reaches the right result, how often the block's answer is right (the vote's gain is the difference),
-    how often the paths of a block disagree, how often the answers without a block are right, and how faithful
+    how often the paths of a block disagree, how often no more than half of them are right (the blocks no faithful
+    vote can save), how often the answers without a block are right, and how faithful
     the summary is: in the blocks where most paths agree and the others do not (two against one, for three paths),
     how often the summary states the majority's value, and how often a value that no path reached."""
     from ...durable import read_lines
@@ -287,13 +289,13 @@ def vote_report(evaluations: dict) -> str:
 
     lines = [
         "| Model | Answers | With a block % | Path right % | Block answer right % | Vote gain (points) "
-        "| Paths disagree % | Plain answer right % | Majority against minority | Summary states the majority % "
-        "| Summary states no path's value % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Paths disagree % | No right majority % | Plain answer right % | Majority against minority "
+        "| Summary states the majority % | Summary states no path's value % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     share = lambda n, of: f"{100 * n / of:.1f}" if of else "-"  # noqa: E731
     for label, folder in evaluations.items():
-        paths = paths_right = blocks = disagree = split = faithful = invented = 0
+        paths = paths_right = blocks = disagree = unsaved = split = faithful = invented = 0
         block_answers, plain_answers = [], []
         for record in read_lines(Path(folder) / "completions.jsonl"):
             parsed = parse(record["completion"])
@@ -301,7 +303,9 @@ def vote_report(evaluations: dict) -> str:
             for block in parsed.blocks:
                 results = [last_number(path.body) for path in block.paths]
                 paths += len(results)
-                paths_right += sum(r == str(record["reference"]) for r in results)
+                right = sum(r == str(record["reference"]) for r in results)
+                paths_right += right
+                unsaved += 2 * right <= len(results)
                 blocks += 1
                 disagree += len(set(results)) > 1
                 value, count = Counter(results).most_common(1)[0]
@@ -315,7 +319,7 @@ def vote_report(evaluations: dict) -> str:
         lines.append(
             f"| {label} | {total} | {share(len(block_answers), total)} | {share(paths_right, paths)} "
             f"| {share(sum(block_answers), len(block_answers))} | {gain} | {share(disagree, blocks)} "
-            f"| {share(sum(plain_answers), len(plain_answers))} | {split} | {share(faithful, split)} "
+            f"| {share(unsaved, blocks)} | {share(sum(plain_answers), len(plain_answers))} | {split} | {share(faithful, split)} "
             f"| {share(invented, split)} |"
         )
     return "\n".join(lines)
