@@ -757,9 +757,9 @@ def test_strong_start_blocks_gives_arm_c_an_sft_as_long_on_the_same_solutions_in
         "block SFT": str(out / "eval" / "sft-blocks"), "parallel SFT": str(out / "eval" / "sft-parallel"),
         "(c) Parallel-R1": str(out / "eval" / "parallel-r1"),
     }  # fmt: skip
-    assert blocks_tables["models"] == ["sft-plain", "sft-plain-more", "grpo-strong-plain", "sft-blocks", "sft-parallel",
-                                       "grpo"]  # fmt: skip
-    assert plain_tables["models"] == ["sft-plain", "sft-plain-more", "grpo-strong-plain", "sft-parallel", "grpo"]
+    arm_a = ["sft-plain", "sft-plain-more", "grpo-strong-plain"]
+    assert blocks_tables["models"] == [*arm_a, "sft-blocks", "sft-parallel", "grpo"]
+    assert plain_tables["models"] == [*arm_a, "sft-parallel", "grpo"]
     monkeypatch.setattr(demo.Demo, "run", lambda self: pytest.fail("ran make demo with --strong_start"))
     with pytest.raises(SystemExit):
         demo.main(["--strong_start", "plain", "--output_dir", str(tmp_path / "refused")])

@@ -319,8 +319,8 @@ def vote_report(evaluations: dict) -> str:
         lines.append(
             f"| {label} | {total} | {share(len(block_answers), total)} | {share(paths_right, paths)} "
             f"| {share(sum(block_answers), len(block_answers))} | {gain} | {share(disagree, blocks)} "
-            f"| {share(unsaved, blocks)} | {share(sum(plain_answers), len(plain_answers))} | {split} | {share(faithful, split)} "
-            f"| {share(invented, split)} |"
+            f"| {share(unsaved, blocks)} | {share(sum(plain_answers), len(plain_answers))} | {split} "
+            f"| {share(faithful, split)} | {share(invented, split)} |"
         )
     return "\n".join(lines)
 
