@@ -132,10 +132,11 @@ def test_the_plain_teacher_writes_only_plain_solutions_that_slip_at_the_teachers
 def test_the_block_teacher_writes_the_plain_teachers_attempt_in_every_path_and_states_it(problem, seed):
     messages = build_prompt(problem.text, "none")
     working, result = plain_teacher(messages, seed).rsplit("\nFinal Answer: ", 1)
-    parsed = parse(block_teacher(messages, seed))
+    trace = block_teacher(messages, seed)
+    parsed = parse(trace)
     assert parsed.well_formed and len(parsed.blocks) == 1
     assert [path.body for path in parsed.blocks[0].paths] == [working] * NUM_PATHS
-    assert final_answer(block_teacher(messages, seed)) == result
+    assert final_answer(trace) == result
 
 
 def test_the_default_teacher_writes_the_traces_it_wrote_before_the_late_kind_existed():

@@ -281,9 +281,9 @@ def vote_report(evaluations: dict) -> str:
     """A table, per evaluated model (label -> evaluation folder): how many answers hold a block, how often one path
     of a block reaches the right result, how often the block's answer is right (the vote's gain is the difference),
     how often the paths of a block disagree, how often no more than half of them are right (the blocks no faithful
-    vote can save), how often the answers without a block are right, and how faithful
-    the summary is: in the blocks where most paths agree and the others do not (two against one, for three paths),
-    how often the summary states the majority's value, and how often a value that no path reached."""
+    vote can save), how often the answers without a block are right, and how faithful the summary is: in the blocks
+    where most paths agree and the others do not (two against one, for three paths), how often the summary states
+    the majority's value, and how often a value that no path reached."""
     from ...durable import read_lines
     from ...tags.language import parse
 
