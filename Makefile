@@ -7,7 +7,7 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-paper demo-width bench \
+.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-strong-two-digit demo-paper demo-width bench \
     real-model gpu-check clean
 
 $(STAMP): setup.py
@@ -71,6 +71,11 @@ demo-vote: install
 # minutes.
 demo-strong: install
 	$(PY) scripts/demo.py --strong --output_dir outputs/demo-strong
+
+# make demo-strong on the task's harder variant, whose first factor has two digits (17*8+3*4): the same arms, a plain
+# arm with room below 100% for a vote to fill: outputs/demo-strong-two-digit/results/strong/arms.md.
+demo-strong-two-digit: install
+	$(PY) scripts/demo.py --strong --variant two-digit --output_dir outputs/demo-strong-two-digit
 
 # Every row and experiment of the paper in miniature from one base (Seen and Unseen SFT and RL, S1, S2, the tiered
 # ablation, the mid-training scaffold, the block's drift): outputs/demo-paper/paper/paper_table.md. About 30 minutes.

@@ -55,7 +55,7 @@ import yaml
 from parallel_r1.durable import read_lines
 from parallel_r1.testing.demo import strong
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
-from parallel_r1.testing.demo.task import token_table, vote_report
+from parallel_r1.testing.demo.task import VARIANTS, token_table, vote_report
 from parallel_r1.testing.demo.width import WIDTH_RUNS, curve_table, plot_width, width_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,9 +124,10 @@ class Demo:
         vote: bool = False,
         base_from: Path | None = None,
         strong_start: str | None = None,
+        variant: str = "one-digit",
     ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
-        self.vote, self.base_from, self.strong_start = vote, base_from, strong_start
+        self.vote, self.base_from, self.strong_start, self.variant = vote, base_from, strong_start, variant
         self.logs = output_dir / "logs"
         self.timings: list[tuple[str, float]] = []
         self.count = 0
@@ -193,8 +194,9 @@ class Demo:
         self.stage(
             "data and an untrained base",
             "data",
-            [*PYTHON, "-m", "parallel_r1.testing.demo.task", str(self.out), "--seed", str(self.seed)],
-        )
+            [*PYTHON, "-m", "parallel_r1.testing.demo.task", str(self.out), "--seed", str(self.seed),
+             "--variant", self.variant],
+        )  # fmt: skip
         self.stage(
             "pretrain the base on plain solutions (TRL's SFT script)",
             "base",
@@ -494,6 +496,13 @@ def main(argv=None) -> None:
         "default), or an SFT as long on the same solutions, each written as a block of identical attempts (blocks)",
     )
     parser.add_argument(
+        "--variant",
+        choices=list(VARIANTS),
+        default="one-digit",
+        help="the task: a*b+c*d with digits 1-9 (one-digit, the default), or its harder variant whose first factor has "
+        "two digits (two-digit)",
+    )
+    parser.add_argument(
         "--base_from",
         type=Path,
         default=None,
@@ -518,13 +527,15 @@ def main(argv=None) -> None:
         )
     if args.strong_start and not args.strong:
         parser.error("--strong_start chooses a design of --strong: give --strong too")
+    if args.base_from and args.variant != "one-digit":
+        parser.error("--base_from takes the data of that run, and with it its variant: give one or the other")
     base_from = args.base_from.resolve() if args.base_from else None
     if base_from and not all((base_from / part).is_dir() for part in ("data", "base-special")):
         parser.error(
             f"--base_from {args.base_from}: no data/ and base-special/ there (a demo's --output_dir has both)"
         )
     demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote,
-                base_from, args.strong_start)  # fmt: skip
+                base_from, args.strong_start, args.variant)  # fmt: skip
     # Every training stage logs to one local trackio store in the output folder; a rerun starts it afresh (trackio
     # resumes a run of the same name, so old curves would go on under the new ones)
     os.environ["TRACKIO_DIR"] = str(demo.out / "trackio")

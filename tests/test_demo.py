@@ -48,9 +48,10 @@ from parallel_r1.testing.tiny import build_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 digits = st.integers(1, 9)
 problems = st.builds(Problem, digits, digits, digits, digits)
+any_variant = st.builds(Problem, st.integers(1, 99), digits, digits, digits)  # the first factor of either variant
 
 
-@given(problems)
+@given(any_variant)
 def test_a_problem_reads_back_from_its_text_and_both_solutions_end_on_its_answer(problem):
     assert Problem.parse(problem.text) == problem
     assert problem.answer == problem.a * problem.b + problem.c * problem.d
@@ -166,6 +167,28 @@ def test_the_splits_hold_out_hard_problems_that_no_training_file_has(tmp_path):
     loaded = load_problems(DataArguments(dataset_name=str(files["test"])), template="none")
     assert loaded[0]["prompt"] == [{"role": "user", "content": rows["test"][0]["question"]}]
     assert is_correct(Problem.parse(rows["test"][0]["question"]).plain_solution(), loaded[0]["answer"])
+
+
+@pytest.mark.parametrize("text", ["100*2+3*4", "07*2+3*4", "0*2+3*4", "17*12+3*4", "17*2+13*4", "1*2+3*4+5*6", "12*3"])
+def test_a_problem_outside_both_variants_is_refused_by_name(text):
+    with pytest.raises(ValueError, match="not a demo problem"):
+        Problem.parse(text)
+
+
+def test_the_two_digit_variant_holds_out_its_own_hard_problems_and_keeps_the_working(tmp_path):
+    """The harder variant: every first factor 10-99, split as the demo's task (held out, hard), the same working."""
+    every = all_problems("two-digit")
+    assert len(every) == 90 * 9**3 and {p.a for p in every} == set(range(10, 100))
+    splits = split_problems(seed=0, num_test=50, num_cold_start=300, variant="two-digit")
+    test = set(splits["test"])
+    assert len(test) == 50 and all(p.answer > EASY_MAX and p.a >= 10 for p in test)
+    assert all(not test & set(splits[name]) for name in ("cold_start", "rl", "train"))
+    assert len(splits["train"]) == len(every) - 50
+    assert Problem.parse("17*8+3*4").plain_solution() == "17*8=136\n3*4=12\n136+12=148\nFinal Answer: 148"
+    files = write_data(tmp_path, num_test=50, variant="two-digit")
+    questions = [json.loads(line)["question"] for line in files["test"].open()]
+    assert all(Problem.parse(q).a >= 10 for q in questions)
+    assert split_problems(seed=0, num_test=50, num_cold_start=300)["test"] != splits["test"]  # the default unchanged
 
 
 def test_the_vote_report_counts_paths_blocks_and_plain_answers(tmp_path):
@@ -705,6 +728,34 @@ def test_base_from_copies_the_data_and_the_base_and_makes_neither(tmp_path, monk
     with pytest.raises(SystemExit):
         demo.main(["--strong", "--base_from", str(tmp_path / "own"), "--output_dir", str(tmp_path / "refused")])
     assert "no data/ and base-special/ there" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the copied data has its own variant
+        demo.main(["--strong", "--base_from", str(earlier), "--variant", "two-digit", "--output_dir", str(tmp_path)])
+    assert "--base_from takes the data of that run" in capsys.readouterr().err
+
+
+def test_the_variant_is_the_data_stages_and_the_default_is_the_demos_task(tmp_path, monkeypatch):
+    """`demo.py --variant two-digit`, its commands recorded instead of run: the data stage writes that variant's
+    problems; every other stage is as without it. Run, the data stage writes problems whose first factor has two
+    digits."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    def commands(**variant) -> dict:
+        ran = {}
+        monkeypatch.setattr(demo.Demo, "stage", lambda self, title, name, command: ran.setdefault(name, command))
+        demo.Demo(tmp_path, 0, True, **variant).prepare()
+        return ran
+
+    hard, default = commands(variant="two-digit"), commands()
+    assert hard["data"][hard["data"].index("--variant") + 1] == "two-digit"
+    assert default["data"][default["data"].index("--variant") + 1] == "one-digit"
+    assert {name: command for name, command in hard.items() if name != "data"} == {
+        name: command for name, command in default.items() if name != "data"
+    }
+    subprocess.run(hard["data"], check=True, cwd=ROOT, capture_output=True)
+    assert all(
+        Problem.parse(json.loads(line)["question"]).a >= 10 for line in (tmp_path / "data" / "test.jsonl").open()
+    )
 
 
 def test_strong_start_blocks_gives_arm_c_an_sft_as_long_on_the_same_solutions_in_blocks(tmp_path, monkeypatch, capsys):

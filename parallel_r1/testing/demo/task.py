@@ -1,5 +1,8 @@
 """The demo's task: `a*b+c*d` with digits 1-9, and a block that can pay as a vote of independent attempts.
 
+A harder variant (`VARIANTS["two-digit"]`) gives the first factor two digits (`17*8+3*4`): the same working, the same
+characters, a product the small model gets wrong more often. Everything below holds for both.
+
 A plain solution (what the base is pretrained on) works out the two products, one per line, then their sum. A
 parallel trace makes `NUM_PATHS` independent attempts in the paths of one block, and the summary states the result
 most of them reached, as the final answer:
@@ -50,7 +53,8 @@ SUMMARY_LISTS_RESULTS = False  # the teacher's summary lists the paths' results,
 VOTE_DRILLS = 2 / 3  # share of `vote_teacher`'s answers that are vote drills
 DRILL_ONE_SLIPPED, DRILL_TWO_ALIKE = 0.4, 0.3  # shares of drills with one attempt slipped, two alike (the rest: none)
 SLIPS_AT = ("first", "second", "sum")  # where a drill's attempt may slip: either product, or the sum
-_PROBLEM = re.compile(r"^\s*([1-9])\*([1-9])\+([1-9])\*([1-9])\s*$")
+VARIANTS = {"one-digit": range(1, 10), "two-digit": range(10, 100)}  # the task's first factor: the demo's, the harder
+_PROBLEM = re.compile(r"^\s*([1-9]\d?)\*([1-9])\+([1-9])\*([1-9])\s*$")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class Problem:
     def parse(cls, text: str) -> Problem:
         match = _PROBLEM.match(text)
         if not match:
-            raise ValueError(f"not a demo problem (a*b+c*d with digits 1-9): {text!r}")
+            raise ValueError(f"not a demo problem (a*b+c*d, a of one or two digits, the others 1-9): {text!r}")
         return cls(*map(int, match.groups()))
 
     @property
@@ -136,8 +140,10 @@ def majority(values: list[int]) -> int:
     return max(values, key=lambda v: (counts[v], -values.index(v)))
 
 
-def all_problems() -> list[Problem]:
-    return [Problem(*digits) for digits in itertools.product(range(1, 10), repeat=4)]
+def all_problems(variant: str = "one-digit") -> list[Problem]:
+    """Every problem of a variant of the task (`VARIANTS`: the range of its first factor)."""
+    digit = range(1, 10)
+    return [Problem(*numbers) for numbers in itertools.product(VARIANTS[variant], digit, digit, digit)]
 
 
 def asked(messages: list) -> Problem:
@@ -216,8 +222,10 @@ def block_teacher(messages: list, seed: int) -> str:
     return asked(messages).parallel_trace((slip,) * NUM_PATHS)
 
 
-def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 3000) -> dict[str, list[Problem]]:
-    """The problems of each stage, drawn once (seeded):
+def split_problems(
+    seed: int = 0, num_test: int = 200, num_cold_start: int = 3000, variant: str = "one-digit"
+) -> dict[str, list[Problem]]:
+    """The problems of each stage of a variant of the task, drawn once (seeded):
 
     - `test`: `num_test` hard problems, held out from everything else;
     - `train`: all the others (the base's pretraining);
@@ -225,7 +233,7 @@ def split_problems(seed: int = 0, num_test: int = 200, num_cold_start: int = 300
     - `rl`: the hard ones among the rest (GRPO's problems, as the paper's RL set is harder than its cold start);
     - `rl_easy`: the easy ones among the rest (the width demo's contrast).
     """
-    problems = all_problems()
+    problems = all_problems(variant)
     random.Random(seed).shuffle(problems)
     test = [p for p in problems if not p.easy][:num_test]
     held_out = set(test)
@@ -244,8 +252,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[str, Path]:
-    """The demo's data files in `folder`:
+def write_data(folder: str | Path, seed: int = 0, num_test: int = 200, variant: str = "one-digit") -> dict[str, Path]:
+    """The demo's data files in `folder`, for a variant of the task:
 
     - `pretrain/train.jsonl`: every training problem with its plain solution, as chat prompt-completion rows (the
       corpus of the tiny base, for `trl sft`);
@@ -253,7 +261,7 @@ def write_data(folder: str | Path, seed: int = 0, num_test: int = 200) -> dict[s
       (`split_problems`).
     """
     folder = Path(folder)
-    splits = split_problems(seed, num_test)
+    splits = split_problems(seed, num_test, variant=variant)
     files = {
         "pretrain": write_jsonl(
             folder / "pretrain" / "train.jsonl",
@@ -345,7 +353,8 @@ def token_table(states: dict) -> str:
 
 
 def corpus() -> list[str]:
-    """What the base's tokenizer is trained on: problems and plain solutions."""
+    """What the base's tokenizer is trained on: problems and plain solutions (of the demo's task: the harder variant
+    is written in the same characters, each digit a token of its own)."""
     return [f"{p.text}\n{p.plain_solution()}" for p in all_problems()[::7]]
 
 
@@ -368,8 +377,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Write the demo's data files and its untrained base model.")
     parser.add_argument("output_dir", help="gets data/ (write_data) and base-init/ (write_untrained_base)")
     parser.add_argument("--seed", type=int, default=0, help="the model's initialisation (the data split is fixed)")
+    parser.add_argument(
+        "--variant", choices=list(VARIANTS), default="one-digit", help="the task (default: %(default)s, the demo's)"
+    )
     args = parser.parse_args(argv)
-    files = write_data(Path(args.output_dir) / "data")
+    files = write_data(Path(args.output_dir) / "data", variant=args.variant)
     model = write_untrained_base(Path(args.output_dir) / "base-init", seed=args.seed)
     for name, path in files.items():
         print(f"{name}: {path} ({sum(1 for _ in path.open())} rows)")
