@@ -7,8 +7,8 @@ comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-strong-two-digit demo-paper demo-width bench \
-    real-model gpu-check clean
+.PHONY: install test test-quick lint format demo demo-matched demo-vote demo-strong demo-strong-two-digit demo-paper \
+    demo-width bench real-model gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)

@@ -7,6 +7,7 @@ run as a user would run it at scale, on the task of `parallel_r1.testing.demo.ta
     python scripts/demo.py --matched            # make demo-matched: also plain GRPO given as many tokens (about 35 min)
     python scripts/demo.py --vote --matched     # make demo-vote: the same with a summary trained to vote (about 25 min)
     python scripts/demo.py --strong             # make demo-strong: the strongest plain recipe and cons@k (about 40 min)
+    python scripts/demo.py --strong --variant two-digit   # make demo-strong-two-digit: the same on the harder task
     python scripts/demo.py --quick --output_dir /tmp/demo   # a few steps per stage (what the test runs)
 
 Stages of `make demo` (recipes in recipes/demo/, all outputs under --output_dir, one log per stage in its logs/):
@@ -31,6 +32,8 @@ self-consistency rows, b), and from the same first stage a parallel cold start a
 with --vote's rules, then Parallel-R1 (arm c): results/strong/arms.md, stages.md, votes.md and tokens.md. With
 `--strong_start blocks`, arm (c)'s parallel SFT continues instead from an SFT of STRONG_PLAIN_SFT steps on the same
 plain solutions, each written as a block of identical attempts (`task.block_teacher`; docs/demo.md has both designs).
+`--variant two-digit` gives the task's first factor two digits (`17*8+3*4`, `task.VARIANTS`), with the same recipes:
+`make demo-strong-two-digit` runs --strong on it, where the plain arm is well below 100%.
 `--base_from DIR` takes the data and the base with its tags from another run's folder instead of making them (so that
 two jobs compare from one base: the 2-process pretraining is not reproducible across runs).
 `--paper` adds Seen SFT and RL, Unseen S1 and the tiered-only reward, the mid-training scaffold, and paper_table.md.
@@ -55,7 +58,7 @@ import yaml
 from parallel_r1.durable import read_lines
 from parallel_r1.testing.demo import strong
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
-from parallel_r1.testing.demo.task import VARIANTS, token_table, vote_report
+from parallel_r1.testing.demo.task import DEMO_TASK, VARIANTS, token_table, vote_report
 from parallel_r1.testing.demo.width import WIDTH_RUNS, curve_table, plot_width, width_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +127,7 @@ class Demo:
         vote: bool = False,
         base_from: Path | None = None,
         strong_start: str | None = None,
-        variant: str = "one-digit",
+        variant: str = DEMO_TASK,
     ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
         self.vote, self.base_from, self.strong_start, self.variant = vote, base_from, strong_start, variant
@@ -498,7 +501,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--variant",
         choices=list(VARIANTS),
-        default="one-digit",
+        default=DEMO_TASK,
         help="the task: a*b+c*d with digits 1-9 (one-digit, the default), or its harder variant whose first factor has "
         "two digits (two-digit)",
     )
@@ -527,7 +530,7 @@ def main(argv=None) -> None:
         )
     if args.strong_start and not args.strong:
         parser.error("--strong_start chooses a design of --strong: give --strong too")
-    if args.base_from and args.variant != "one-digit":
+    if args.base_from and args.variant != DEMO_TASK:
         parser.error("--base_from takes the data of that run, and with it its variant: give one or the other")
     base_from = args.base_from.resolve() if args.base_from else None
     if base_from and not all((base_from / part).is_dir() for part in ("data", "base-special")):

@@ -54,6 +54,7 @@ VOTE_DRILLS = 2 / 3  # share of `vote_teacher`'s answers that are vote drills
 DRILL_ONE_SLIPPED, DRILL_TWO_ALIKE = 0.4, 0.3  # shares of drills with one attempt slipped, two alike (the rest: none)
 SLIPS_AT = ("first", "second", "sum")  # where a drill's attempt may slip: either product, or the sum
 VARIANTS = {"one-digit": range(1, 10), "two-digit": range(10, 100)}  # the task's first factor: the demo's, the harder
+DEMO_TASK = "one-digit"  # the variant every run uses unless told otherwise
 _PROBLEM = re.compile(r"^\s*([1-9]\d?)\*([1-9])\+([1-9])\*([1-9])\s*$")
 
 
@@ -140,7 +141,7 @@ def majority(values: list[int]) -> int:
     return max(values, key=lambda v: (counts[v], -values.index(v)))
 
 
-def all_problems(variant: str = "one-digit") -> list[Problem]:
+def all_problems(variant: str = DEMO_TASK) -> list[Problem]:
     """Every problem of a variant of the task (`VARIANTS`: the range of its first factor)."""
     digit = range(1, 10)
     return [Problem(*numbers) for numbers in itertools.product(VARIANTS[variant], digit, digit, digit)]
@@ -223,7 +224,7 @@ def block_teacher(messages: list, seed: int) -> str:
 
 
 def split_problems(
-    seed: int = 0, num_test: int = 200, num_cold_start: int = 3000, variant: str = "one-digit"
+    seed: int = 0, num_test: int = 200, num_cold_start: int = 3000, variant: str = DEMO_TASK
 ) -> dict[str, list[Problem]]:
     """The problems of each stage of a variant of the task, drawn once (seeded):
 
@@ -252,7 +253,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_data(folder: str | Path, seed: int = 0, num_test: int = 200, variant: str = "one-digit") -> dict[str, Path]:
+def write_data(folder: str | Path, seed: int = 0, num_test: int = 200, variant: str = DEMO_TASK) -> dict[str, Path]:
     """The demo's data files in `folder`, for a variant of the task:
 
     - `pretrain/train.jsonl`: every training problem with its plain solution, as chat prompt-completion rows (the
@@ -378,7 +379,7 @@ def main(argv=None) -> None:
     parser.add_argument("output_dir", help="gets data/ (write_data) and base-init/ (write_untrained_base)")
     parser.add_argument("--seed", type=int, default=0, help="the model's initialisation (the data split is fixed)")
     parser.add_argument(
-        "--variant", choices=list(VARIANTS), default="one-digit", help="the task (default: %(default)s, the demo's)"
+        "--variant", choices=list(VARIANTS), default=DEMO_TASK, help="the task (default: %(default)s, the demo's)"
     )
     args = parser.parse_args(argv)
     files = write_data(Path(args.output_dir) / "data", variant=args.variant)
