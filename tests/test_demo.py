@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,12 +26,14 @@ from parallel_r1.tags.language import parse, stats
 from parallel_r1.testing.demo import path_probe, task
 from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
 from parallel_r1.testing.demo.task import (
+    DEMO_TASK,
     EASY_MAX,
     NUM_PATHS,
     TEACHER_LATE,
     TEACHER_MALFORMED,
     TEACHER_PLAIN,
     TEACHER_SLIP,
+    VARIANTS,
     Problem,
     all_problems,
     block_teacher,
@@ -242,9 +245,22 @@ def test_the_demo_tokenizer_has_one_token_per_digit():
     assert tokens[:4] == ["1", "2", "3", "+"] and len(tokens) == 13
 
 
-def function_teacher_run(tmp_path, function: str, max_problems: int) -> ColdStartConfig:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variants_longest_working_fits_the_demo_recipes_budgets(variant):
+    """The harder variant runs on the same recipes: its longest path and its longest block stay within the budgets
+    that grpo.yaml and eval.yaml give (and sft.yaml records), so nothing is cut."""
+    tokenizer = build_tokenizer(vocab_size=300, with_tags=True, corpus=corpus(), split_digits=True)
+    longest = max(all_problems(variant), key=lambda p: len(p.parallel_trace()))  # the most digits
+    working, trace = longest.working()[0], longest.parallel_trace()
+    for recipe in ("grpo.yaml", "eval.yaml", "sft.yaml"):
+        budgets = yaml.safe_load((ROOT / "recipes" / "demo" / recipe).read_text())
+        assert len(tokenizer.tokenize(working)) <= budgets["max_path_tokens"], recipe
+        assert len(tokenizer.tokenize(trace)) + 1 <= budgets["max_completion_length"], recipe  # and the end token
+
+
+def function_teacher_run(tmp_path, function: str, max_problems: int, variant: str = DEMO_TASK) -> ColdStartConfig:
     """A cold start on the demo's cold-start problems, asked of `function` (backend `function`)."""
-    files = write_data(tmp_path / "data", num_test=10)
+    files = write_data(tmp_path / "data", num_test=10, variant=variant)
     return ColdStartConfig(
         output_dir=str(tmp_path / "out"),
         model_name_or_path=function,
@@ -255,8 +271,9 @@ def function_teacher_run(tmp_path, function: str, max_problems: int) -> ColdStar
     )
 
 
-def test_a_function_teacher_feeds_the_cold_start_pipeline(tmp_path):
-    config = function_teacher_run(tmp_path, "parallel_r1.testing.demo.task:teacher", max_problems=200)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_function_teacher_feeds_the_cold_start_pipeline(tmp_path, variant):
+    config = function_teacher_run(tmp_path, "parallel_r1.testing.demo.task:teacher", max_problems=200, variant=variant)
     report = generate_cold_start(config)
     rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").open()]
     reasons = Counter(r["reason"] for r in rejected)
