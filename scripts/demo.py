@@ -58,7 +58,7 @@ import yaml
 from parallel_r1.durable import read_lines
 from parallel_r1.testing.demo import strong
 from parallel_r1.testing.demo.paper import PAPER_ROWS, RL_RUNS, drift, paper_table, plot_drift
-from parallel_r1.testing.demo.task import DEMO_TASK, VARIANTS, token_table, vote_report
+from parallel_r1.testing.demo.task import DEFAULT_VARIANT, VARIANTS, token_table, vote_report
 from parallel_r1.testing.demo.width import WIDTH_RUNS, curve_table, plot_width, width_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ class Demo:
         vote: bool = False,
         base_from: Path | None = None,
         strong_start: str | None = None,
-        variant: str = DEMO_TASK,
+        variant: str = DEFAULT_VARIANT,
     ):
         self.out, self.seed, self.quick, self.rl_steps, self.matched = output_dir, seed, quick, rl_steps, matched
         self.vote, self.base_from, self.strong_start, self.variant = vote, base_from, strong_start, variant
@@ -501,9 +501,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--variant",
         choices=list(VARIANTS),
-        default=DEMO_TASK,
-        help="the task: a*b+c*d with digits 1-9 (one-digit, the default), or its harder variant whose first factor has "
-        "two digits (two-digit)",
+        default=None,
+        help="the task of any job: a*b+c*d with digits 1-9 (one-digit, the default), or its harder variant whose "
+        "first factor has two digits (two-digit)",
     )
     parser.add_argument(
         "--base_from",
@@ -530,7 +530,7 @@ def main(argv=None) -> None:
         )
     if args.strong_start and not args.strong:
         parser.error("--strong_start chooses a design of --strong: give --strong too")
-    if args.base_from and args.variant != DEMO_TASK:
+    if args.base_from and args.variant:
         parser.error("--base_from takes the data of that run, and with it its variant: give one or the other")
     base_from = args.base_from.resolve() if args.base_from else None
     if base_from and not all((base_from / part).is_dir() for part in ("data", "base-special")):
@@ -538,7 +538,7 @@ def main(argv=None) -> None:
             f"--base_from {args.base_from}: no data/ and base-special/ there (a demo's --output_dir has both)"
         )
     demo = Demo(Path(args.output_dir).resolve(), args.seed, args.quick, args.rl_steps, args.matched, args.vote,
-                base_from, args.strong_start, args.variant)  # fmt: skip
+                base_from, args.strong_start, args.variant or DEFAULT_VARIANT)  # fmt: skip
     # Every training stage logs to one local trackio store in the output folder; a rerun starts it afresh (trackio
     # resumes a run of the same name, so old curves would go on under the new ones)
     os.environ["TRACKIO_DIR"] = str(demo.out / "trackio")

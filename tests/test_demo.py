@@ -26,7 +26,7 @@ from parallel_r1.tags.language import parse, stats
 from parallel_r1.testing.demo import path_probe, task
 from parallel_r1.testing.demo.paper import PAPER_ROWS, drift, findings, logged, paper_table
 from parallel_r1.testing.demo.task import (
-    DEMO_TASK,
+    DEFAULT_VARIANT,
     EASY_MAX,
     NUM_PATHS,
     TEACHER_LATE,
@@ -191,7 +191,7 @@ def test_the_two_digit_variant_holds_out_its_own_hard_problems_and_keeps_the_wor
     files = write_data(tmp_path, num_test=50, variant="two-digit")
     questions = [json.loads(line)["question"] for line in files["test"].open()]
     assert all(Problem.parse(q).a >= 10 for q in questions)
-    assert split_problems(seed=0, num_test=50, num_cold_start=300)["test"] != splits["test"]  # the default unchanged
+    assert all(p.a < 10 for p in split_problems(seed=0, num_test=50, num_cold_start=300)["test"])  # the default's
 
 
 def test_the_vote_report_counts_paths_blocks_and_plain_answers(tmp_path):
@@ -247,18 +247,25 @@ def test_the_demo_tokenizer_has_one_token_per_digit():
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_variants_longest_working_fits_the_demo_recipes_budgets(variant):
-    """The harder variant runs on the same recipes: its longest path and its longest block stay within the budgets
-    that grpo.yaml and eval.yaml give (and sft.yaml records), so nothing is cut."""
+    """The harder variant runs on the same recipes: its longest prompt, path and block stay within the budgets that
+    the GRPO recipes and eval.yaml give (and sft.yaml records), so nothing is cut."""
     tokenizer = build_tokenizer(vocab_size=300, with_tags=True, corpus=corpus(), split_digits=True)
     longest = max(all_problems(variant), key=lambda p: len(p.parallel_trace()))  # the most digits
     working, trace = longest.working()[0], longest.parallel_trace()
-    for recipe in ("grpo.yaml", "eval.yaml", "sft.yaml"):
+    text = tokenizer.apply_chat_template(
+        build_prompt(longest.text, "none"), add_generation_prompt=True, tokenize=False
+    )
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for recipe in ("grpo.yaml", "grpo_plain.yaml", "eval.yaml", "sft.yaml"):
         budgets = yaml.safe_load((ROOT / "recipes" / "demo" / recipe).read_text())
-        assert len(tokenizer.tokenize(working)) <= budgets["max_path_tokens"], recipe
+        assert len(tokenizer.tokenize(working)) <= budgets.get("max_path_tokens", len(working)), recipe
         assert len(tokenizer.tokenize(trace)) + 1 <= budgets["max_completion_length"], recipe  # and the end token
+        assert len(prompt) <= budgets.get("max_prompt_length", len(prompt)), recipe
 
 
-def function_teacher_run(tmp_path, function: str, max_problems: int, variant: str = DEMO_TASK) -> ColdStartConfig:
+def function_teacher_run(
+    tmp_path, function: str, max_problems: int, variant: str = DEFAULT_VARIANT
+) -> ColdStartConfig:
     """A cold start on the demo's cold-start problems, asked of `function` (backend `function`)."""
     files = write_data(tmp_path / "data", num_test=10, variant=variant)
     return ColdStartConfig(
@@ -745,9 +752,10 @@ def test_base_from_copies_the_data_and_the_base_and_makes_neither(tmp_path, monk
     with pytest.raises(SystemExit):
         demo.main(["--strong", "--base_from", str(tmp_path / "own"), "--output_dir", str(tmp_path / "refused")])
     assert "no data/ and base-special/ there" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # the copied data has its own variant
-        demo.main(["--strong", "--base_from", str(earlier), "--variant", "two-digit", "--output_dir", str(tmp_path)])
-    assert "--base_from takes the data of that run" in capsys.readouterr().err
+    for variant in VARIANTS:  # the copied data has its own variant, whichever is asked
+        with pytest.raises(SystemExit):
+            demo.main(["--strong", "--base_from", str(earlier), "--variant", variant, "--output_dir", str(tmp_path)])
+        assert "--base_from takes the data of that run" in capsys.readouterr().err
 
 
 def test_the_variant_is_the_data_stages_and_the_default_is_the_demos_task(tmp_path, monkeypatch):

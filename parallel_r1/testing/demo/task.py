@@ -1,7 +1,9 @@
 """The demo's task: `a*b+c*d` with digits 1-9, and a block that can pay as a vote of independent attempts.
 
 A harder variant (`VARIANTS["two-digit"]`) gives the first factor two digits (`17*8+3*4`): the same working, the same
-characters, a product the small model gets wrong more often. Everything below holds for both.
+characters, a product the small model gets wrong more often. Everything below holds for both, with two differences of
+degree: few of the variant's problems are easy (answers of at most `EASY_MAX`: 1.9% of them, 42% of the demo's), and
+its slips (one to nine, or ten) are small beside its three-digit products.
 
 A plain solution (what the base is pretrained on) works out the two products, one per line, then their sum. A
 parallel trace makes `NUM_PATHS` independent attempts in the paths of one block, and the summary states the result
@@ -54,7 +56,7 @@ VOTE_DRILLS = 2 / 3  # share of `vote_teacher`'s answers that are vote drills
 DRILL_ONE_SLIPPED, DRILL_TWO_ALIKE = 0.4, 0.3  # shares of drills with one attempt slipped, two alike (the rest: none)
 SLIPS_AT = ("first", "second", "sum")  # where a drill's attempt may slip: either product, or the sum
 VARIANTS = {"one-digit": range(1, 10), "two-digit": range(10, 100)}  # the task's first factor: the demo's, the harder
-DEMO_TASK = "one-digit"  # the variant every run uses unless told otherwise
+DEFAULT_VARIANT = "one-digit"  # the variant every run uses unless told otherwise
 _PROBLEM = re.compile(r"^\s*([1-9]\d?)\*([1-9])\+([1-9])\*([1-9])\s*$")
 
 
@@ -141,7 +143,7 @@ def majority(values: list[int]) -> int:
     return max(values, key=lambda v: (counts[v], -values.index(v)))
 
 
-def all_problems(variant: str = DEMO_TASK) -> list[Problem]:
+def all_problems(variant: str = DEFAULT_VARIANT) -> list[Problem]:
     """Every problem of a variant of the task (`VARIANTS`: the range of its first factor)."""
     digit = range(1, 10)
     return [Problem(*numbers) for numbers in itertools.product(VARIANTS[variant], digit, digit, digit)]
@@ -224,7 +226,7 @@ def block_teacher(messages: list, seed: int) -> str:
 
 
 def split_problems(
-    seed: int = 0, num_test: int = 200, num_cold_start: int = 3000, variant: str = DEMO_TASK
+    seed: int = 0, num_test: int = 200, num_cold_start: int = 3000, variant: str = DEFAULT_VARIANT
 ) -> dict[str, list[Problem]]:
     """The problems of each stage of a variant of the task, drawn once (seeded):
 
@@ -253,7 +255,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_data(folder: str | Path, seed: int = 0, num_test: int = 200, variant: str = DEMO_TASK) -> dict[str, Path]:
+def write_data(
+    folder: str | Path, seed: int = 0, num_test: int = 200, variant: str = DEFAULT_VARIANT
+) -> dict[str, Path]:
     """The demo's data files in `folder`, for a variant of the task:
 
     - `pretrain/train.jsonl`: every training problem with its plain solution, as chat prompt-completion rows (the
@@ -379,7 +383,10 @@ def main(argv=None) -> None:
     parser.add_argument("output_dir", help="gets data/ (write_data) and base-init/ (write_untrained_base)")
     parser.add_argument("--seed", type=int, default=0, help="the model's initialisation (the data split is fixed)")
     parser.add_argument(
-        "--variant", choices=list(VARIANTS), default=DEMO_TASK, help="the task (default: %(default)s, the demo's)"
+        "--variant",
+        choices=list(VARIANTS),
+        default=DEFAULT_VARIANT,
+        help="the task (default: %(default)s, the demo's)",
     )
     args = parser.parse_args(argv)
     files = write_data(Path(args.output_dir) / "data", variant=args.variant)
