@@ -57,7 +57,7 @@ DRILL_ONE_SLIPPED, DRILL_TWO_ALIKE = 0.4, 0.3  # shares of drills with one attem
 SLIPS_AT = ("first", "second", "sum")  # where a drill's attempt may slip: either product, or the sum
 VARIANTS = {"one-digit": range(1, 10), "two-digit": range(10, 100)}  # the task's first factor: the demo's, the harder
 DEFAULT_VARIANT = "one-digit"  # the variant every run uses unless told otherwise
-_PROBLEM = re.compile(r"^\s*([1-9]\d?)\*([1-9])\+([1-9])\*([1-9])\s*$")
+_PROBLEM = re.compile(r"^\s*([1-9]\d*)\*([1-9])\+([1-9])\*([1-9])\s*$")  # the first factor checked on `VARIANTS`
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,9 @@ class Problem:
     @classmethod
     def parse(cls, text: str) -> Problem:
         match = _PROBLEM.match(text)
-        if not match:
-            raise ValueError(f"not a demo problem (a*b+c*d, a of one or two digits, the others 1-9): {text!r}")
+        if not match or not any(int(match[1]) in first for first in VARIANTS.values()):
+            firsts = " or ".join(f"{first.start}-{first.stop - 1}" for first in VARIANTS.values())
+            raise ValueError(f"not a demo problem (a*b+c*d, a in {firsts}, the others 1-9): {text!r}")
         return cls(*map(int, match.groups()))
 
     @property
